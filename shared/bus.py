@@ -1,0 +1,194 @@
+"""The NATS JetStream bus: streams, publishing with de-duplication, durable consumers.
+
+Consumers are push-based durable queue subscriptions, so a restarted service resumes where its
+durable left off and several instances of one service share the work. A message is acked only
+after its handler returned; one that cannot be parsed, or whose handler keeps failing, is
+published to ``unicron.deadletter`` and terminated — the service never crashes on bad input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
+from nats.js.errors import BadRequestError
+from pydantic import ValidationError
+from tenacity import retry, stop_after_delay, wait_exponential
+
+from shared.events import CloudEvent, EventData
+from shared.logging import get_logger
+from shared.messages import (
+    DEADLETTER_SUBJECT,
+    DeadLetter,
+    StartWorker,
+    StepCompleted,
+    StopWorkers,
+    WorkerException,
+    WorkerExited,
+    WorkerStarted,
+    command_subject,
+    report_subject,
+)
+
+T = TypeVar("T")
+log = get_logger(component="bus")
+
+STREAMS: dict[str, list[str]] = {
+    "UNICRON_EVENTS": ["unicron.events.>"],
+    "UNICRON_COMMANDS": ["unicron.commands.>"],
+    "UNICRON_REPORTS": ["unicron.reports.>"],
+    "UNICRON_DEADLETTER": [DEADLETTER_SUBJECT],
+}
+MAX_DELIVER = 5
+ACK_WAIT_S = 30.0
+REPORTS_MAX_AGE_S = 24 * 3600.0
+
+
+def parse_event(raw: bytes) -> CloudEvent:
+    """Parse an envelope and check its data against the event's model."""
+    event = CloudEvent.model_validate_json(raw)
+    event.typed()
+    return event
+
+
+class Bus:
+    def __init__(self, nc: NatsClient, js: JetStreamContext, source: str) -> None:
+        self.nc = nc
+        self.js = js
+        self.source = source
+        self._subs: list[Any] = []
+
+    @classmethod
+    async def connect(cls, url: str, source: str, connect_timeout_s: float = 30.0) -> Bus:
+        @retry(stop=stop_after_delay(connect_timeout_s), wait=wait_exponential(0.1, max=2.0))
+        async def _connect() -> NatsClient:
+            return await nats.connect(
+                url, name=source, max_reconnect_attempts=-1, reconnect_time_wait=0.5
+            )
+
+        nc = await _connect()
+        bus = cls(nc, nc.jetstream(), source)
+        await bus.ensure_streams()
+        return bus
+
+    async def ensure_streams(self) -> None:
+        for name, subjects in STREAMS.items():
+            max_age = REPORTS_MAX_AGE_S if name == "UNICRON_REPORTS" else None
+            config = StreamConfig(name=name, subjects=subjects, max_age=max_age)
+            try:
+                await self.js.add_stream(config)
+            except BadRequestError:
+                await self.js.update_stream(config)
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):  # the connection may already be gone
+                await sub.unsubscribe()
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    # --- publishing ----------------------------------------------------------------------
+
+    async def _publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        await self.js.publish(subject, payload, headers=headers, timeout=5.0)
+
+    async def publish_event(self, data: EventData, event_id: str | None = None) -> CloudEvent:
+        event = CloudEvent.wrap(data, self.source, event_id)
+        await self._publish(event.nats_subject, event.model_dump_json().encode(), event.id)
+        log.debug("event published", type=event.type, id=event.id)
+        return event
+
+    async def send_command(self, node_id: str, command: StartWorker | StopWorkers) -> None:
+        payload = command.model_dump_json().encode()
+        await self._publish(command_subject(node_id), payload, command.command_id)
+
+    async def publish_report(
+        self, report: WorkerStarted | WorkerExited | StepCompleted | WorkerException
+    ) -> None:
+        await self._publish(report_subject(report), report.model_dump_json().encode())
+
+    async def dead_letter(self, subject: str, payload: bytes, reason: str, deliveries: int) -> None:
+        letter = DeadLetter(
+            subject=subject,
+            reason=reason,
+            payload=payload.decode("utf-8", "replace"),
+            service=self.source,
+            deliveries=deliveries,
+        )
+        log.warning("message dead-lettered", subject=subject, reason=reason)
+        await self._publish(DEADLETTER_SUBJECT, letter.model_dump_json().encode())
+
+    # --- consuming -----------------------------------------------------------------------
+
+    async def consume(
+        self,
+        subject: str,
+        durable: str,
+        parse: Callable[[bytes], T],
+        handler: Callable[[T], Awaitable[None]],
+        deliver_new: bool = False,
+    ) -> None:
+        """Feed every message on ``subject`` to ``handler`` in order, acking after success."""
+
+        async def on_message(msg: Msg) -> None:
+            deliveries = msg.metadata.num_delivered if msg.metadata else 1
+            try:
+                item = parse(msg.data)
+            except (ValidationError, ValueError, KeyError) as exc:
+                await self.dead_letter(msg.subject, msg.data, f"invalid message: {exc}", deliveries)
+                await msg.term()
+                return
+            try:
+                await handler(item)
+            except Exception as exc:
+                if deliveries >= MAX_DELIVER:
+                    await self.dead_letter(
+                        msg.subject, msg.data, f"handler failed: {exc!r}", deliveries
+                    )
+                    await msg.term()
+                else:
+                    log.exception("handler failed; will retry", subject=msg.subject)
+                    await msg.nak(delay=0.5 * deliveries)
+                return
+            await msg.ack()
+
+        policy = DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL
+        config = ConsumerConfig(
+            ack_wait=ACK_WAIT_S, max_deliver=MAX_DELIVER + 1, deliver_policy=policy
+        )
+        sub = await self.js.subscribe(
+            subject, queue=durable, durable=durable, cb=on_message, manual_ack=True, config=config
+        )
+        self._subs.append(sub)
+
+    async def tail_events(
+        self, after_seq: int | None = None
+    ) -> AsyncIterator[tuple[int, CloudEvent]]:
+        """Yield (stream sequence, event): new events, or all after ``after_seq``."""
+        if after_seq is None:
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
+        else:
+            config = ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1
+            )
+        sub = await self.js.subscribe("unicron.events.>", ordered_consumer=True, config=config)
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=3600)
+                except nats.errors.TimeoutError:
+                    continue
+                seq = msg.metadata.sequence.stream if msg.metadata else 0
+                try:
+                    yield seq, parse_event(msg.data)
+                except (ValidationError, ValueError, KeyError):
+                    log.warning("skipping malformed event", seq=seq)
+        finally:
+            await sub.unsubscribe()

