@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.models import JobSpec, JobState, PlanAction, new_id, now
+from shared.models import Job, JobSpec, JobState, PlanAction, new_id, now
 from shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 EVENT_SUBJECT_PREFIX = "unicron.events."
@@ -50,6 +50,20 @@ class JobStateChanged(EventData):
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.job_id}:{self.generation}:{self.old.value}:{self.new.value}"
+
+    @classmethod
+    def between(cls, old: Job, new: Job) -> JobStateChanged | None:
+        """The event for a change of ``old`` into ``new``; None when the state is the same."""
+        if old.state == new.state:
+            return None
+        return cls(
+            job_id=new.id,
+            old=old.state,
+            new=new.state,
+            reason=new.history[-1].reason if new.history else "",
+            step=new.step,
+            generation=new.generation,
+        )
 
 
 class FailureDetected(EventData):

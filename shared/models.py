@@ -126,6 +126,17 @@ class JobSpec(BaseModel):
         return self.global_batch // self.micro_batch
 
 
+class PlanAction(str, Enum):
+    """What the executor must do for one job to reach the plan."""
+
+    KEEP = "keep"
+    START = "start"
+    RESTART = "restart"
+    RESIZE = "resize"
+    STOP = "stop"
+    WAIT = "wait"
+
+
 class WorkerRecord(BaseModel):
     rank: int
     node_id: str
@@ -162,6 +173,7 @@ class Job(BaseModel):
     spec: JobSpec
     state: JobState = JobState.PENDING
     step: int = 0
+    loss: float | None = None
     generation: int = 0
     world_size: int = 0
     recoveries: int = 0
@@ -169,6 +181,7 @@ class Job(BaseModel):
     history: list[HistoryEntry] = Field(default_factory=list)
     last_failure: FailureRecord | None = None
     plan_id: str | None = None
+    transition: PlanAction | None = Field(None, description="the transition under way, if any")
     submitted_at: float = Field(default_factory=now)
     transition_started_at: float | None = None
 
@@ -207,22 +220,12 @@ class NodeRecord(BaseModel):
         return self.state == NodeState.READY and at - self.last_heartbeat <= timeout_s
 
 
-class PlanAction(str, Enum):
-    """What the executor must do for one job to reach the plan."""
-
-    KEEP = "keep"
-    START = "start"
-    RESTART = "restart"
-    RESIZE = "resize"
-    STOP = "stop"
-    WAIT = "wait"
-
-
 class JobAllocation(BaseModel):
     job_id: str
     workers: int
     nodes: list[str] = Field(default_factory=list, description="node id of each rank, by rank")
     action: PlanAction
+    generation: int = Field(0, description="the job's generation the plan was computed against")
     previous_workers: int = 0
     reason: str = ""
     predicted_throughput: float = 0.0

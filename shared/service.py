@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from shared.bus import Bus
 from shared.logging import configure_logging, get_logger
 from shared.settings import CommonSettings
 from shared.state import StateStore
 
+S = TypeVar("S", bound=CommonSettings)
 ServiceBody = Callable[[Bus, StateStore, asyncio.Event], Awaitable[None]]
 
 
@@ -35,3 +37,16 @@ async def serve(name: str, settings: CommonSettings, body: ServiceBody) -> None:
 def run_service(name: str, settings: CommonSettings, body: ServiceBody) -> None:
     configure_logging(name, settings.log_level, settings.log_format)
     asyncio.run(serve(name, settings, body))
+
+
+def service_main(
+    name: str,
+    settings: S,
+    run: Callable[[Bus, StateStore, asyncio.Event, S], Awaitable[None]],
+) -> None:
+    """Entry point of ``python -m services.<name>`` for a ``run(bus, state, stop, settings)``."""
+
+    async def body(bus: Bus, state: StateStore, stop: asyncio.Event) -> None:
+        await run(bus, state, stop, settings)
+
+    run_service(name, settings, body)

@@ -1,0 +1,1 @@
+"""Unicron's services; each runs as ``python -m services.<name>``."""

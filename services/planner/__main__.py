@@ -1,0 +1,16 @@
+"""``python -m services.planner``: run the planner service until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+from services.planner.service import planner_body
+from services.planner.settings import PlannerSettings
+from shared.service import run_service
+
+
+def main() -> None:
+    settings = PlannerSettings()
+    run_service("planner", settings, planner_body(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Placement: each job's worker count → the node of each rank.
+
+Two passes over the jobs, both in plan order, on one ledger of free slots per node:
+
+1. every job keeps the ranks it holds on usable nodes, up to its new count (a job that keeps
+   its size stays exactly where it is; one that shrinks or lost a node keeps its survivors) —
+   moving a rank costs a restart of that process and a state transfer;
+2. the ranks still missing are packed: onto nodes the job already uses, else onto the
+   tightest node that fits them all, else the emptiest node (fill a node before the next), so
+   a job spans as few nodes as it can.
+
+Nodes are visited in the order given (sorted by id) and ties go to the first, so the same
+inputs always give the same placement. The ledger never goes below zero: a node is never
+given more ranks than it has slots, even when the records claim otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+
+from services.planner.api import NodeView
+
+
+class PlacementError(RuntimeError):
+    """More workers were asked for than the nodes have free slots."""
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    job_id: str
+    workers: int
+    ranks: tuple[str, ...] = ()  # node of each rank it holds now, in rank order
+
+
+def place(nodes: Sequence[NodeView], requests: Sequence[PlacementRequest]) -> dict[str, list[str]]:
+    """Node id of each rank, by rank, for every request; raises PlacementError if short."""
+    free = {n.node_id: n.slots for n in nodes}
+    kept = {r.job_id: _keep(r, free) for r in requests}
+    placed: dict[str, list[str]] = {}
+    for request in requests:
+        ranks = kept[request.job_id]
+        placed[request.job_id] = ranks + _pack(request.workers - len(ranks), ranks, free)
+    return placed
+
+
+def _keep(request: PlacementRequest, free: dict[str, int]) -> list[str]:
+    """The ranks that stay where they are, in rank order (renumbered from 0)."""
+    kept: list[str] = []
+    for node in request.ranks:
+        if len(kept) == request.workers:
+            break
+        if free.get(node, 0) > 0:
+            free[node] -= 1
+            kept.append(node)
+    return kept
+
+
+def _pack(count: int, used: Sequence[str], free: dict[str, int]) -> list[str]:
+    ranks: list[str] = []
+    mine = set(used)
+    while count > 0:
+        node = _pick(count, mine, free)
+        mine.add(node)
+        take = min(free[node], count)
+        free[node] -= take
+        ranks += [node] * take
+        count -= take
+    return ranks
+
+
+def _pick(count: int, used: Set[str], free: Mapping[str, int]) -> str:
+    open_nodes = [n for n, f in free.items() if f > 0]
+    if not open_nodes:
+        raise PlacementError(f"no free slot left for {count} more workers")
+    mine = [n for n in open_nodes if n in used]
+    if mine:
+        return mine[0]  # stay close to the job's other ranks
+    fits = [n for n in open_nodes if free[n] >= count]
+    if fits:
+        return min(fits, key=lambda n: free[n])  # best fit keeps big holes for big jobs
+    return max(open_nodes, key=lambda n: free[n])

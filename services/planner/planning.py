@@ -1,0 +1,193 @@
+"""Cluster state → plan: pure functions from Redis records to a plan draft.
+
+:func:`snapshot` turns the records into :class:`~services.planner.api.ClusterInputs` (usable
+nodes, each job's demand and held ranks); :func:`plan_cluster` runs the objective's DP,
+places the workers and names each job's action; :func:`needs_publish` says whether the draft
+is news compared with the latest plan. No I/O, no clock: the service passes ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.planner.api import (
+    ACTIVE_STATES,
+    ClusterInputs,
+    JobDemand,
+    JobView,
+    NodeView,
+    Objective,
+    Orphan,
+)
+from services.planner.objective import allocate
+from services.planner.placement import PlacementRequest, place
+from shared.models import (
+    FailureRecord,
+    Job,
+    JobAllocation,
+    JobState,
+    NodeRecord,
+    Plan,
+    PlanAction,
+    WorkerState,
+)
+
+# A rank holds its slot until it is stopped or done: a crashed process's slot is where its
+# replacement restarts, so FAILED counts (its node must still be usable).
+HOLDING = frozenset({WorkerState.LAUNCHING, WorkerState.RUNNING, WorkerState.FAILED})
+# Processes that may still be running and so must be stopped for a terminal job.
+LIVE = frozenset({WorkerState.LAUNCHING, WorkerState.RUNNING})
+QUIET = frozenset({PlanAction.KEEP, PlanAction.WAIT})
+
+
+@dataclass(frozen=True)
+class PlanDraft:
+    """A plan before it gets its sequence number, epoch and trigger."""
+
+    allocations: list[JobAllocation]
+    free_slots: int
+    expected_waf: float
+
+
+def snapshot(
+    nodes: Iterable[NodeRecord], jobs: Iterable[Job], now: float, node_timeout_s: float
+) -> ClusterInputs:
+    """The planning inputs: usable nodes by id, non-terminal jobs by submission time."""
+    usable = tuple(
+        NodeView(n.id, n.slots)
+        for n in sorted(nodes, key=lambda n: n.id)
+        if n.alive(now, node_timeout_s)
+    )
+    usable_ids = {n.node_id for n in usable}
+    views: list[JobView] = []
+    orphans: list[Orphan] = []
+    for job in sorted(jobs, key=lambda j: (j.submitted_at, j.id)):
+        if not job.state.terminal:
+            views.append(job_view(job, usable_ids))
+            continue
+        live = sum(w.state in LIVE for w in job.workers)
+        if live:
+            orphans.append(Orphan(job.id, job.state, job.generation, live))
+    return ClusterInputs(usable, tuple(views), tuple(orphans))
+
+
+def job_view(job: Job, usable: set[str]) -> JobView:
+    pending = job.state == JobState.PENDING
+    ranks = () if pending else held_ranks(job, usable)
+    faulted = not pending and job.needs_recovery()
+    # Losing a rank's node hits the job like a fault: every choice costs it a transition.
+    lost_rank = job.state in ACTIVE_STATES and len(ranks) < job.world_size
+    demand = JobDemand(
+        job_id=job.id,
+        weight=job.spec.weight,
+        min_workers=job.spec.min_workers,
+        max_workers=job.spec.max_workers,
+        current=len(ranks),
+        hit=faulted or lost_rank,
+    )
+    failure = describe(job.last_failure) if faulted and job.last_failure else None
+    return JobView(demand, job.state, job.world_size, job.generation, ranks, failure)
+
+
+def held_ranks(job: Job, usable: set[str]) -> tuple[str, ...]:
+    """Node of each rank of the current world the job still holds on a usable node."""
+    by_rank = {w.rank: w for w in job.workers if 0 <= w.rank < job.world_size}
+    return tuple(
+        by_rank[r].node_id
+        for r in sorted(by_rank)
+        if by_rank[r].state in HOLDING and by_rank[r].node_id in usable
+    )
+
+
+def describe(failure: FailureRecord) -> str:
+    where = f" on {failure.node_id}" if failure.node_id else ""
+    return f"{failure.category}{where} (failure {failure.failure_id}, gen {failure.generation})"
+
+
+def plan_cluster(inputs: ClusterInputs, objective: Objective) -> PlanDraft:
+    """Allocate, place and name an action for every job, plus a STOP for each orphan."""
+    demands = [v.demand for v in inputs.jobs]
+    workers = allocate(demands, inputs.capacity, objective)
+    requests = [
+        PlacementRequest(v.job_id, x, v.ranks) for v, x in zip(inputs.jobs, workers, strict=True)
+    ]
+    nodes = place(inputs.nodes, requests)
+    allocations: list[JobAllocation] = []
+    waf = 0.0
+    for view, x in zip(inputs.jobs, workers, strict=True):
+        rate = float(objective.throughput.throughput(view.demand, np.array([x]))[0])
+        waf += view.demand.weight * rate
+        action, reason = decide(view, x, nodes[view.job_id], inputs.capacity)
+        allocations.append(
+            JobAllocation(
+                job_id=view.job_id,
+                workers=x,
+                nodes=nodes[view.job_id],
+                action=action,
+                generation=view.generation,
+                previous_workers=0 if view.state == JobState.PENDING else view.world_size,
+                reason=reason,
+                predicted_throughput=rate,
+            )
+        )
+    allocations += [stop_orphan(o) for o in inputs.orphans]
+    return PlanDraft(allocations, inputs.capacity - sum(workers), waf)
+
+
+def decide(view: JobView, x: int, nodes: Sequence[str], capacity: int) -> tuple[PlanAction, str]:
+    """The action that takes the job from what it runs now to ``x`` workers on ``nodes``."""
+    if view.state == JobState.PENDING:
+        if x:
+            return PlanAction.START, f"start on {x} workers"
+        if view.demand.min_workers > capacity:
+            return PlanAction.WAIT, f"needs {view.demand.min_workers} workers, {capacity} usable"
+        return PlanAction.WAIT, "waiting for free slots"
+    if view.failure is not None:
+        if x == 0:
+            return PlanAction.STOP, f"{view.failure}; no room to restart, back to waiting"
+        return PlanAction.RESTART, f"restart on {x} workers after {view.failure}"
+    if x != view.world_size:
+        if x == 0:
+            return PlanAction.STOP, "preempted: its slots earn more expected WAF elsewhere"
+        lost = len(view.ranks) < view.world_size
+        why = "lost a node" if lost else "higher expected WAF"
+        return PlanAction.RESIZE, f"resize {view.world_size}→{x} workers: {why}"
+    if tuple(nodes) != view.ranks:
+        moved = x - len(set(enumerate(nodes)) & set(enumerate(view.ranks)))
+        return PlanAction.RESTART, f"{moved} of {x} ranks move off unusable nodes"
+    return PlanAction.KEEP, "no change"
+
+
+def stop_orphan(orphan: Orphan) -> JobAllocation:
+    return JobAllocation(
+        job_id=orphan.job_id,
+        workers=0,
+        action=PlanAction.STOP,
+        generation=orphan.generation,
+        previous_workers=orphan.workers,
+        reason=f"job is {orphan.state.value}; stop its {orphan.workers} live workers",
+    )
+
+
+def needs_publish(draft: PlanDraft, latest: Plan | None) -> bool:
+    """True when the draft asks for a change, or moves slots, and is not the latest again."""
+    before = latest.allocations if latest else []
+    if _signature(draft.allocations) == _signature(before):
+        return False
+    acts = any(a.action not in QUIET for a in draft.allocations)
+    return acts or _placement(draft.allocations) != _placement(before)
+
+
+def _signature(allocations: Iterable[JobAllocation]) -> set[tuple[object, ...]]:
+    # Generation and reason (which names the failure) make a second fault of a job news,
+    # though its action and placement are the same as for the first.
+    return {
+        (a.job_id, a.action, a.workers, tuple(a.nodes), a.generation, a.reason) for a in allocations
+    }
+
+
+def _placement(allocations: Iterable[JobAllocation]) -> dict[str, tuple[str, ...]]:
+    return {a.job_id: tuple(a.nodes) for a in allocations if a.workers}
