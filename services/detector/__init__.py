@@ -1,0 +1,1 @@
+"""The detector: raw signals in, one classified ``failure.detected`` per fault out."""

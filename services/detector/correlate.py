@@ -1,0 +1,54 @@
+"""Correlation: the many reports one fault causes become one failure, naming its root cause.
+
+When a rank dies, its peers fail in the collective a few milliseconds later with connection
+errors. A candidate that is surely a root cause (a kill, a lost node, a CUDA error) is reported
+at once; a secondary one (a connection error) waits a short window for a better explanation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from services.detector.signals import Candidate, root_cause
+
+Emit = Callable[[Candidate], Awaitable[None]]
+_Key = tuple[str, int]
+
+
+class Correlator:
+    def __init__(self, window_s: float, emit: Emit) -> None:
+        self.window_s = window_s
+        self._emit = emit
+        self._pending: dict[_Key, list[Candidate]] = {}
+        self._done: set[_Key] = set()
+        self._timers: set[asyncio.Task[None]] = set()
+
+    async def add(self, candidate: Candidate) -> None:
+        key = (candidate.job_id, candidate.generation)
+        if key in self._done:
+            return
+        group = self._pending.setdefault(key, [])
+        group.append(candidate)
+        if not candidate.secondary:
+            await self._flush(key)
+        elif len(group) == 1:
+            timer = asyncio.create_task(self._flush_later(key))
+            self._timers.add(timer)
+            timer.add_done_callback(self._timers.discard)
+
+    async def _flush_later(self, key: _Key) -> None:
+        await asyncio.sleep(self.window_s)
+        await self._flush(key)
+
+    async def _flush(self, key: _Key) -> None:
+        group = self._pending.pop(key, None)
+        if not group:
+            return
+        self._done.add(key)
+        await self._emit(root_cause(group))
+
+    async def close(self) -> None:
+        for timer in list(self._timers):
+            timer.cancel()
+        await asyncio.gather(*self._timers, return_exceptions=True)

@@ -1,0 +1,83 @@
+"""Node health from agent heartbeats: a node silent for ``heartbeat_misses`` intervals is lost.
+
+A lost node is marked LOST (so the planner stops using it), ``node.lost`` is published, and every
+job with a worker of its running generation on that node gets a SEV1 failure candidate.
+"""
+
+from __future__ import annotations
+
+from services.detector.correlate import Correlator
+from services.detector.signals import Candidate
+from shared.bus import Bus
+from shared.events import NodeLost
+from shared.logging import get_logger
+from shared.models import NodeRecord, NodeState, WorkerState, now
+from shared.state import StateStore
+from shared.taxonomy import FailureCategory, FailureKind
+
+_LIVE_WORKER = (WorkerState.LAUNCHING, WorkerState.RUNNING)
+
+
+class NodeMonitor:
+    def __init__(
+        self, bus: Bus, state: StateStore, correlator: Correlator, timeout_s: float
+    ) -> None:
+        self.bus = bus
+        self.state = state
+        self.correlator = correlator
+        self.timeout_s = timeout_s
+
+    async def check(self) -> list[str]:
+        """Mark every newly silent node lost; returns their ids."""
+        at = now()
+        lost = []
+        for node in await self.state.list_nodes():
+            silent = node.state == NodeState.READY and at - node.last_heartbeat > self.timeout_s
+            if silent and await self._mark_lost(node.id, at):
+                lost.append(node.id)
+        return lost
+
+    async def _mark_lost(self, node_id: str, at: float) -> bool:
+        marked = False
+
+        def mark(node: NodeRecord) -> bool:
+            nonlocal marked
+            # Re-checked inside the transaction: a heartbeat may have arrived meanwhile.
+            marked = node.state == NodeState.READY and at - node.last_heartbeat > self.timeout_s
+            if marked:
+                node.state = NodeState.LOST
+            return marked
+
+        updated = await self.state.update_node(node_id, mark)
+        if updated is None or not marked:
+            return False
+        get_logger(node_id=node_id).warning(
+            "node lost", silent_s=round(at - updated.last_heartbeat, 3)
+        )
+        await self.bus.publish_event(
+            NodeLost(
+                node_id=node_id, boot_id=updated.boot_id, last_heartbeat=updated.last_heartbeat
+            )
+        )
+        await self._fail_jobs_on(updated)
+        return True
+
+    async def _fail_jobs_on(self, node: NodeRecord) -> None:
+        for job in await self.state.list_jobs():
+            if job.state.terminal:
+                continue
+            hit = [w for w in job.workers if w.node_id == node.id and w.state in _LIVE_WORKER]
+            if not hit:
+                continue
+            await self.correlator.add(
+                Candidate(
+                    job_id=job.id,
+                    generation=job.generation,
+                    node_id=node.id,
+                    rank=min(w.rank for w in hit),
+                    kind=FailureKind.NODE_LOST,
+                    category=FailureCategory.NODE_DOWN,
+                    observed_at=node.last_heartbeat,
+                    evidence={"ranks": sorted(w.rank for w in hit), "boot_id": node.boot_id},
+                )
+            )

@@ -1,0 +1,101 @@
+"""Turn one raw report (a worker exit, an in-band exception) into a failure candidate.
+
+A candidate says what was seen and how sure we are that it is the root cause: a rank killed by a
+signal is a root cause; a connection error in a collective is usually what a peer's death looks
+like from the survivors, so it waits for a better explanation (see :mod:`correlate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.messages import WorkerException, WorkerExited
+from shared.taxonomy import FailureCategory, FailureKind
+
+# Categories that survivors of a peer's death report; never preferred over a real cause.
+SECONDARY_CATEGORIES = frozenset(
+    {
+        FailureCategory.CONNECTION_RESET,
+        FailureCategory.CONNECTION_REFUSED,
+        FailureCategory.NETWORK_OTHER,
+        FailureCategory.LINK_FLAPPING,
+        FailureCategory.NCCL_TIMEOUT,
+        FailureCategory.NCCL_ERROR,
+    }
+)
+
+# Higher wins when several candidates explain one fault.
+_KIND_RANK = {
+    FailureKind.NODE_LOST: 50,
+    FailureKind.CRASH: 40,
+    FailureKind.EXCEPTION: 30,
+    FailureKind.HANG: 25,
+    FailureKind.EXIT: 20,
+    FailureKind.STRAGGLER: 10,
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    job_id: str
+    generation: int
+    node_id: str | None
+    rank: int | None
+    kind: FailureKind
+    category: FailureCategory
+    observed_at: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def secondary(self) -> bool:
+        return self.category in SECONDARY_CATEGORIES or (
+            self.kind == FailureKind.EXIT and self.evidence.get("exit_code") == 1
+        )
+
+    @property
+    def priority(self) -> tuple[int, int, float]:
+        return (0 if self.secondary else 1, _KIND_RANK[self.kind], -self.observed_at)
+
+
+def from_exit(report: WorkerExited) -> Candidate | None:
+    """A non-zero exit the agent did not cause; None for clean or agent-requested exits."""
+    if report.stopped_by_agent or report.exit_code == 0:
+        return None
+    crashed = report.signal is not None
+    return Candidate(
+        job_id=report.job_id,
+        generation=report.generation,
+        node_id=report.node_id,
+        rank=report.rank,
+        kind=FailureKind.CRASH if crashed else FailureKind.EXIT,
+        category=FailureCategory.EXITED_ABNORMALLY,
+        observed_at=report.at,
+        evidence={"pid": report.pid, "exit_code": report.exit_code, "signal": report.signal},
+    )
+
+
+def from_exception(report: WorkerException) -> Candidate:
+    try:
+        category = FailureCategory(report.category)
+    except ValueError:
+        category = FailureCategory.SOFTWARE_OTHER
+    return Candidate(
+        job_id=report.job_id,
+        generation=report.generation,
+        node_id=report.node_id,
+        rank=report.rank,
+        kind=FailureKind.EXCEPTION,
+        category=category,
+        observed_at=report.at,
+        evidence={
+            "pid": report.pid,
+            "exc_type": report.exc_type,
+            "message": report.message[:2000],
+            "step": report.step,
+        },
+    )
+
+
+def root_cause(candidates: list[Candidate]) -> Candidate:
+    return max(candidates, key=lambda c: c.priority)

@@ -1,0 +1,1 @@
+"""The executor: turns plans into transitions carried out through the node agents."""

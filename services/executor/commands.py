@@ -1,0 +1,72 @@
+"""Agent commands for a job's generation: who to start where, whom to stop.
+
+Command ids are derived from (job, generation, rank / node), so a command sent again after a
+crash or a redelivered plan is dropped by NATS, and agents treat it as a no-op anyway.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared.bus import Bus
+from shared.messages import Rendezvous, StartWorker, StopWorkers
+from shared.models import Job, NodeRecord
+
+
+class MissingNodeError(RuntimeError):
+    """A plan placed a rank on a node that is not registered."""
+
+
+def rendezvous_for(job: Job, nodes: dict[str, NodeRecord]) -> Rendezvous:
+    """Rank 0's agent hosts the store; a new generation meets under a new prefix."""
+    host_node = nodes.get(job.workers[0].node_id)
+    if host_node is None:
+        raise MissingNodeError(f"node {job.workers[0].node_id} of rank 0 is not registered")
+    return Rendezvous(
+        host=host_node.host, port=host_node.store_port, prefix=f"{job.id}/g{job.generation}/"
+    )
+
+
+def start_commands(
+    job: Job, nodes: dict[str, NodeRecord], checkpoint_root: Path
+) -> list[tuple[str, StartWorker]]:
+    rendezvous = rendezvous_for(job, nodes)
+    return [
+        (
+            worker.node_id,
+            StartWorker(
+                command_id=f"start:{job.id}:{job.generation}:{worker.rank}",
+                job_id=job.id,
+                generation=job.generation,
+                rank=worker.rank,
+                world_size=job.world_size,
+                spec=job.spec,
+                rendezvous=rendezvous,
+                checkpoint_dir=str(checkpoint_root / job.id),
+            ),
+        )
+        for worker in job.workers
+    ]
+
+
+async def send_starts(
+    bus: Bus, job: Job, nodes: dict[str, NodeRecord], checkpoint_root: Path
+) -> None:
+    for node_id, command in start_commands(job, nodes, checkpoint_root):
+        await bus.send_command(node_id, command)
+
+
+async def send_stops(
+    bus: Bus, job: Job, node_ids: list[str], below_generation: int | None, reason: str
+) -> None:
+    """Stop the job's older workers everywhere they may run; a lost node gets it on return."""
+    for node_id in node_ids:
+        await bus.send_command(
+            node_id,
+            StopWorkers(
+                command_id=f"stop:{job.id}:{below_generation}:{node_id}",
+                job_id=job.id,
+                below_generation=below_generation,
+                reason=reason,
+            ),
+        )

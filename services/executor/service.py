@@ -1,0 +1,78 @@
+"""Executor service wiring: plans and worker reports in, transitions and progress out.
+
+Level-triggered: every ``reconcile_interval_s`` the latest plan is applied again (a no-op when
+it already was) and agents are asked again for workers that never started, so an executor
+restarted at any line converges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from services.executor.commands import send_starts
+from services.executor.progress import ProgressTracker
+from services.executor.settings import ExecutorSettings
+from services.executor.transitions import TransitionRunner
+from shared.bus import Bus, parse_event
+from shared.events import CloudEvent, PlanCreated
+from shared.logging import get_logger
+from shared.messages import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from shared.models import JobState, WorkerState, now
+from shared.state import StateStore
+
+log = get_logger()
+
+
+class Executor:
+    def __init__(self, bus: Bus, state: StateStore, settings: ExecutorSettings) -> None:
+        self.bus = bus
+        self.state = state
+        self.settings = settings
+        self.transitions = TransitionRunner(bus, state, settings)
+        self.progress = ProgressTracker(bus, state)
+
+    async def on_event(self, event: CloudEvent) -> None:
+        data = event.typed()
+        if not isinstance(data, PlanCreated):
+            return
+        plan = await self.state.get_plan(data.plan_id)
+        if plan is None:
+            log.warning("plan announced but not stored", plan_id=data.plan_id)
+            return
+        await self.transitions.apply_plan(plan)
+
+    async def reconcile(self) -> None:
+        plan = await self.state.latest_plan()
+        if plan is not None:
+            await self.transitions.apply_plan(plan)
+        nodes = {n.id: n for n in await self.state.list_nodes()}
+        for job in await self.state.list_jobs():
+            stuck = job.state in (JobState.STARTING, JobState.RECOVERING) and any(
+                w.state == WorkerState.LAUNCHING for w in job.workers
+            )
+            started = job.transition_started_at or now()
+            if stuck and now() - started > self.settings.launch_timeout_s:
+                log.warning("workers not started; asking agents again", job_id=job.id)
+                await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
+
+    async def loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.reconcile_interval_s)
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reconcile failed; retrying")
+
+
+async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: ExecutorSettings) -> None:
+    executor = Executor(bus, state, settings)
+    await bus.consume("unicron.events.plan.created", "executor", parse_event, executor.on_event)
+    await bus.consume(
+        f"{REPORT_SUBJECT_PREFIX}>",
+        "executor-reports",
+        WORKER_REPORT.validate_json,
+        executor.progress.on_report,
+    )
+    await executor.loop(stop)

@@ -1,0 +1,17 @@
+"""Executor settings (``UNICRON_*`` environment variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared.settings import CommonSettings
+
+
+class ExecutorSettings(CommonSettings):
+    reconcile_interval_s: float = 2.0
+    launch_timeout_s: float = 20.0
+    max_recoveries: int = 20
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return (self.data_dir / "checkpoints").resolve()
