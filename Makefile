@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow test-all lint bench-detect bench-plan bench-recover up clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/unicron demo
+
+up: $(STAMP)
+	$(BIN)/unicron up
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -m slow
+
+test-all: $(STAMP)
+	$(BIN)/pytest -m ''
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy shared services trainer cli
+
+clean:
+	rm -rf .unicron .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,208 @@
+"""The whole stack on one machine: embedded NATS + Redis, the services and N node agents.
+
+``unicron up`` runs it in the foreground; the demo and the end-to-end tests use :class:`Stack`.
+Every child dies with this process, and a service that exits unexpectedly is started again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shared.embedded import EmbeddedServer, start_nats, start_redis
+from shared.procs import die_with_parent
+
+SERVICE_MODULES = ("services.api", "services.detector", "services.planner", "services.executor")
+AGENT_MODULE = "services.agent"
+
+
+@dataclass
+class StackConfig:
+    nodes: int = 2
+    slots: int = 2
+    nats_url: str | None = None
+    redis_url: str | None = None
+    api_port: int = 8080
+    data_dir: Path = Path(".unicron")
+    log_level: str = "INFO"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Child:
+    name: str
+    module: str
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.data_dir = config.data_dir.resolve()
+        self.servers: list[EmbeddedServer] = []
+        self.children: dict[str, Child] = {}
+        self.nats_url = config.nats_url or ""
+        self.redis_url = config.redis_url or ""
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.api_port}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            UNICRON_NATS_URL=self.nats_url,
+            UNICRON_REDIS_URL=self.redis_url,
+            UNICRON_DATA_DIR=str(self.data_dir),
+            UNICRON_API_PORT=str(self.config.api_port),
+            UNICRON_LOG_LEVEL=self.config.log_level,
+        )
+        env.update(self.config.extra_env)
+        env.update(extra)
+        return env
+
+    def start(self, ready_timeout_s: float = 60.0) -> None:
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if not self.nats_url:
+            self.servers.append(start_nats(self.data_dir / "nats"))
+            self.nats_url = self.servers[-1].url
+        if not self.redis_url:
+            self.servers.append(start_redis(self.data_dir / "redis"))
+            self.redis_url = self.servers[-1].url
+        for module in SERVICE_MODULES:
+            self._add(module.split(".")[-1], module, self.env())
+        for index in range(self.config.nodes):
+            node_id = f"node-{index}"
+            env = self.env(UNICRON_NODE_ID=node_id, UNICRON_SLOTS=str(self.config.slots))
+            self._add(f"agent-{node_id}", AGENT_MODULE, env)
+        self.wait_ready(ready_timeout_s)
+
+    def _add(self, name: str, module: str, env: dict[str, str]) -> None:
+        child = Child(name, module, env)
+        self.children[name] = child
+        self.spawn(child)
+
+    def spawn(self, child: Child) -> None:
+        with (self.data_dir / "logs" / f"{child.name}.log").open("ab") as log:
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", child.module],
+                env=child.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
+            )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait until the API answers /readyz and every agent's node is registered."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                ready = httpx.get(f"{self.api_url}/readyz", timeout=1.0).status_code == 200
+                nodes = httpx.get(f"{self.api_url}/v1/nodes", timeout=1.0).json() if ready else []
+                if ready and len(nodes) >= self.config.nodes:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"stack not ready in {timeout_s}s; logs in {self.data_dir / 'logs'}")
+
+    def check_alive(self) -> None:
+        for child in self.children.values():
+            if child.process is not None and child.process.poll() is not None:
+                raise RuntimeError(
+                    f"{child.name} exited with {child.process.returncode}; "
+                    f"see {self.data_dir / 'logs' / (child.name + '.log')}"
+                )
+
+    def restart_exited(self) -> list[str]:
+        """Start again every child that exited; returns their names."""
+        restarted = []
+        for child in self.children.values():
+            if child.process is not None and child.process.poll() is not None:
+                self.spawn(child)
+                restarted.append(child.name)
+        return restarted
+
+    def stop(self) -> None:
+        # Agents last among the services so they can stop their workers cleanly.
+        order = sorted(self.children.values(), key=lambda c: c.module == AGENT_MODULE)
+        for child in order:
+            if child.process is not None and child.process.poll() is None:
+                child.process.terminate()
+        for child in order:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+        for server in reversed(self.servers):
+            server.stop()
+        self.servers.clear()
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _print_endpoints(console: Console, stack: Stack) -> None:
+    table = Table(title="Unicron is up", show_header=False)
+    table.add_row("API", stack.api_url)
+    table.add_row("NATS", stack.nats_url)
+    table.add_row("Redis", stack.redis_url)
+    table.add_row("nodes", f"{stack.config.nodes} x {stack.config.slots} slots")
+    table.add_row("logs", str(stack.data_dir / "logs"))
+    console.print(table)
+    console.print("Ctrl-C stops everything.")
+
+
+def up(
+    nodes: Annotated[int, typer.Option(min=1, help="node agents to start")] = 2,
+    slots: Annotated[int, typer.Option(min=1, help="worker slots per node")] = 2,
+    nats_url: Annotated[
+        str | None, typer.Option(help="use this NATS instead of starting one")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="use this Redis instead of starting one")
+    ] = None,
+    api_port: Annotated[int, typer.Option(envvar="UNICRON_API_PORT")] = 8080,
+    data_dir: Annotated[Path, typer.Option(envvar="UNICRON_DATA_DIR")] = Path(".unicron"),
+) -> None:
+    """Run the whole stack in the foreground."""
+    console = Console()
+    config = StackConfig(nodes, slots, nats_url, redis_url, api_port, data_dir)
+    stack = Stack(config)
+    try:
+        stack.start()
+        _print_endpoints(console, stack)
+        while True:
+            time.sleep(0.5)
+            for name in stack.restart_exited():
+                console.print(f"[yellow]{name} exited; started it again[/yellow]")
+    except KeyboardInterrupt:
+        console.print("stopping…")
+    except (TimeoutError, RuntimeError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    finally:
+        stack.stop()

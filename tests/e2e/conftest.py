@@ -1,0 +1,81 @@
+"""The whole stack as real processes on the per-test NATS and Redis servers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cli.stack import Stack, StackConfig
+from shared.procs import free_port
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@pytest.fixture
+def stack(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
+    config = StackConfig(
+        nodes=2,
+        slots=2,
+        nats_url=nats_url,
+        redis_url=redis_url,
+        api_port=free_port(),
+        data_dir=tmp_path / "stack",
+    )
+    with Stack(config) as running:
+        yield running
+
+
+@pytest.fixture
+def api(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.api_url, timeout=10) as client:
+        yield client
+
+
+def wait_for(
+    what: str, probe: Callable[[], Any], timeout_s: float = 90.0, interval_s: float = 0.1
+) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+
+
+def small_job(name: str, **overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name,
+        "steps": 40,
+        "global_batch": 8,
+        "micro_batch": 2,
+        "min_workers": 1,
+        "max_workers": 4,
+        "checkpoint_every": 10,
+        "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 32, "vocab": 64},
+    }
+    spec.update(overrides)
+    return spec
+
+
+def get_job(api: httpx.Client, job_id: str) -> dict[str, Any]:
+    response = api.get(f"/v1/jobs/{job_id}")
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def wait_terminal(api: httpx.Client, job_id: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    return dict(
+        wait_for(
+            f"{job_id} to finish",
+            lambda: (job := get_job(api, job_id))["state"] in TERMINAL and job,
+            timeout_s,
+        )
+    )
