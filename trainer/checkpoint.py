@@ -1,0 +1,108 @@
+"""Disk checkpoints of the full training state, written atomically by rank 0.
+
+A checkpoint is ``<dir>/step-<n>.pt`` holding the model, the optimizer and the step. It is
+written to a temporary name in the same directory and renamed into place, so a reader never
+sees half a file even if the writer dies mid-way. Only the newest few are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+KEEP_LAST = 3
+
+_NAME = re.compile(r"^step-(\d+)\.pt$")
+
+TrainState = dict[str, Any]
+
+
+def checkpoint_path(directory: str | Path, step: int) -> Path:
+    return Path(directory) / f"step-{step}.pt"
+
+
+def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every complete checkpoint in ``directory``, oldest first."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), root / m.group(0)) for m in map(_NAME.match, os.listdir(root)) if m]
+    return sorted(found)
+
+
+def save(directory: str | Path, step: int, state: TrainState, keep_last: int = KEEP_LAST) -> Path:
+    """Write ``state`` as the checkpoint of ``step`` and prune all but the newest ``keep_last``."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(root, step)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".step-{step}.", suffix=".tmp", dir=root)
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            torch.save(state, tmp)
+            tmp.flush()
+            # Without fsync a power loss after the rename could leave an empty "complete" file.
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, final)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _prune(root, keep_last)
+    return final
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    for _, path in list_checkpoints(root)[:-keep_last]:
+        path.unlink(missing_ok=True)
+
+
+def load_latest(directory: str | Path) -> tuple[int, TrainState] | None:
+    """The newest readable checkpoint as ``(step, state)``, or None when there is none.
+
+    A file that cannot be read (e.g. truncated by a full disk) is skipped in favour of the
+    next older one: resuming from a little earlier beats not resuming at all.
+    """
+    for step, path in reversed(list_checkpoints(directory)):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:
+            continue
+        if isinstance(state, dict) and state.get("step") == step:
+            return step, state
+    return None
+
+
+def capture(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> TrainState:
+    """Everything a run needs to continue exactly after ``step``, with tensors on the CPU.
+
+    The data order is a function of the step and the model has no randomness, so the model,
+    the optimizer and the step are the whole state.
+    """
+    return {
+        "step": step,
+        "model": _to_cpu(model.state_dict()),
+        "optimizer": _to_cpu(optimizer.state_dict()),
+    }
+
+
+def restore(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> int:
+    """Load ``state`` into ``model`` and ``optimizer``; returns the step it was taken after."""
+    model.load_state_dict(state["model"])
+    # AdamW moves its moment tensors onto each parameter's device as it loads them.
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: _to_cpu(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(item) for item in value)
+    return value

@@ -1,0 +1,66 @@
+"""Entrypoint of a worker process: ``python -m trainer.worker``.
+
+The node agent starts one per rank with the JSON of a ``WorkerLaunch`` in the environment
+variable ``UNICRON_WORKER_LAUNCH``. Exit codes: 0 the job's last step is done, 1 a step
+failed (and a ``WorkerException`` was sent to the agent first), 2 the launch was missing or
+invalid (nothing was started; the reason is on stderr).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pydantic import ValidationError
+
+from shared.logging import configure_logging
+from shared.messages import WorkerLaunch
+
+LAUNCH_ENV = "UNICRON_WORKER_LAUNCH"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_LAUNCH = 2
+
+
+def read_launch(environ: dict[str, str] | None = None) -> WorkerLaunch:
+    """Parse the launch from the environment; raises ValueError saying what is wrong."""
+    raw = (os.environ if environ is None else environ).get(LAUNCH_ENV)
+    if not raw:
+        raise ValueError(f"{LAUNCH_ENV} is not set; a worker must be started by a node agent")
+    try:
+        return WorkerLaunch.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ValueError(f"{LAUNCH_ENV} is not a valid WorkerLaunch: {exc}") from None
+
+
+def launch_env(launch: WorkerLaunch) -> dict[str, str]:
+    """The environment entries an agent adds to start a worker for ``launch``."""
+    return {LAUNCH_ENV: launch.model_dump_json()}
+
+
+def main() -> int:
+    try:
+        launch = read_launch()
+    except ValueError as exc:
+        print(f"trainer.worker: {exc}", file=sys.stderr)
+        return EXIT_BAD_LAUNCH
+    configure_logging(f"trainer.rank{launch.rank}")
+    # Imported only now so that a bad launch fails fast, without loading torch.
+    from trainer.runtime import run
+
+    return run(launch)
+
+
+def exit_now(code: int) -> None:
+    """Leave without running interpreter teardown, which can hang on a broken process group.
+
+    Everything worth keeping (reports, checkpoints) is already out when ``run`` returns.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    exit_now(main())
