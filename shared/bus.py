@@ -9,7 +9,7 @@ published to ``unicron.deadletter`` and terminated — the service never crashes
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats
@@ -170,7 +170,7 @@ class Bus:
 
     async def tail_events(
         self, after_seq: int | None = None
-    ) -> AsyncIterator[tuple[int, CloudEvent]]:
+    ) -> AsyncGenerator[tuple[int, CloudEvent], None]:
         """Yield (stream sequence, event): new events, or all after ``after_seq``."""
         if after_seq is None:
             config = ConsumerConfig(deliver_policy=DeliverPolicy.NEW)

@@ -33,5 +33,6 @@ def configure_logging(service: str, level: str = "INFO", fmt: str = "console") -
 
 
 def get_logger(**bound: object) -> structlog.stdlib.BoundLogger:
-    logger: structlog.stdlib.BoundLogger = structlog.get_logger().bind(**bound)
+    # A lazy proxy: module-level loggers pick up the configuration made later at start-up.
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(**bound)
     return logger

@@ -1,0 +1,1 @@
+"""The ``unicron`` command line: client commands over the REST API, and the local stack."""

@@ -1,0 +1,140 @@
+"""Job commands: ``submit`` (from a YAML file and/or options, optionally followed), ``status``
+and ``cancel``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from cli.client import DEFAULT_API_URL, ApiClient
+from cli.common import EXIT_JOB_UNSUCCESSFUL, EXIT_REFUSED, ApiUrl, api, console, fail
+from cli.render import history_line, job_detail, jobs_table, state_text
+from shared.models import Job, JobState
+
+# Option name on the command line → JobSpec field.
+SPEC_OPTIONS = {
+    "name": "name",
+    "steps": "steps",
+    "workers_min": "min_workers",
+    "workers_max": "max_workers",
+    "weight": "weight",
+    "global_batch": "global_batch",
+    "micro_batch": "micro_batch",
+    "seed": "seed",
+    "checkpoint_every": "checkpoint_every",
+}
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        fail(f"cannot read job spec {path}: {exc}", EXIT_REFUSED)
+    if not isinstance(loaded, dict):
+        fail(f"job spec {path} must be a YAML mapping of JobSpec fields", EXIT_REFUSED)
+    return loaded
+
+
+def build_spec(file: Path | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The file's fields, overridden by the options given on the command line."""
+    spec = load_spec_file(file) if file is not None else {}
+    spec.update({SPEC_OPTIONS[k]: v for k, v in options.items() if v is not None})
+    if "name" not in spec:
+        fail("give a job spec FILE or --name", EXIT_REFUSED)
+    return spec
+
+
+def follow(client: ApiClient, job: Job, out: Console, interval_s: float) -> int:
+    """Show progress and state changes until the job ends; the exit code says how it ended."""
+    shown = 0
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=out) as progress:
+        task = progress.add_task(job.state.value, total=job.spec.steps, completed=job.step)
+        while True:
+            for entry in job.history[shown:]:  # every transition, even between two polls
+                progress.console.print(history_line(entry))
+            shown = len(job.history)
+            loss = "" if job.loss is None else f" loss {job.loss:.3f}"
+            progress.update(task, completed=job.step, description=job.state.value + loss)
+            if job.state.terminal:
+                break
+            time.sleep(interval_s)
+            job = client.job(job.id)
+    out.print(Text.assemble(f"{job.id} ended ", state_text(job.state), f" at step {job.step}"))
+    return 0 if job.state == JobState.SUCCEEDED else EXIT_JOB_UNSUCCESSFUL
+
+
+def submit(
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="[FILE.yaml]", help="YAML file of JobSpec fields.", exists=True, dir_okay=False
+        ),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Job name.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps.")] = None,
+    workers_min: Annotated[int | None, typer.Option(help="Fewest workers it may run on.")] = None,
+    workers_max: Annotated[int | None, typer.Option(help="Most workers it may use.")] = None,
+    weight: Annotated[float | None, typer.Option(help="Priority weight in the WAF.")] = None,
+    global_batch: Annotated[int | None, typer.Option(help="Samples per step.")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="Samples per micro-batch.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of data order and init.")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Steps per checkpoint.")] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Resubmitting with the same key returns the same job.")
+    ] = None,
+    follow_job: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Show progress until the job ends (exit 1 unless it succeeds)."
+        ),
+    ] = False,
+    interval: Annotated[float, typer.Option(hidden=True, help="Poll interval of --follow.")] = 0.5,
+    api_url: ApiUrl = DEFAULT_API_URL,
+) -> None:
+    """Submit a training job from a YAML FILE and/or options (options override the file)."""
+    options = {k: v for k, v in locals().items() if k in SPEC_OPTIONS}
+    spec = build_spec(file, options)
+    out = console()
+    with api(api_url) as client:
+        job, replayed = client.submit(spec, idempotency_key)
+        note = " (already submitted with this idempotency key)" if replayed else ""
+        out.print(Text.assemble(f"{job.id} ", (job.name, "bold"), " ", state_text(job.state), note))
+        if follow_job:
+            try:
+                code = follow(client, job, out, interval)
+            except KeyboardInterrupt:
+                out.print(f"stopped following; the job goes on: unicron status {job.id}")
+                code = 130
+            raise typer.Exit(code)
+
+
+def status(
+    job_id: Annotated[str | None, typer.Argument(metavar="[JOB]", help="A job id.")] = None,
+    api_url: ApiUrl = DEFAULT_API_URL,
+) -> None:
+    """Show all jobs, or one job in detail with its workers and history."""
+    out = console()
+    with api(api_url) as client:
+        if job_id is None:
+            jobs = client.jobs()
+            out.print(jobs_table(jobs) if jobs else "no jobs")
+        else:
+            out.print(job_detail(client.job(job_id)))
+
+
+def cancel(
+    job_id: Annotated[str, typer.Argument(metavar="JOB", help="A job id.")],
+    api_url: ApiUrl = DEFAULT_API_URL,
+) -> None:
+    """Cancel a job: its workers are stopped and it ends as CANCELLED."""
+    with api(api_url) as client:
+        job = client.cancel(job_id)
+    console().print(Text.assemble(f"{job.id} ", state_text(job.state)))

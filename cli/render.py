@@ -1,0 +1,154 @@
+"""How the CLI shows jobs, nodes and events: rich tables and one-line event summaries.
+
+User-supplied text (reasons, names) is passed as ``Text`` so rich never reads it as markup.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Column, Table
+from rich.text import Text
+
+from shared.events import CloudEvent
+from shared.models import HistoryEntry, Job, JobState, NodeRecord, NodeState
+
+STATE_STYLES = {
+    JobState.PENDING: "yellow",
+    JobState.STARTING: "cyan",
+    JobState.RUNNING: "green",
+    JobState.RECOVERING: "magenta",
+    JobState.SUCCEEDED: "bold green",
+    JobState.FAILED: "bold red",
+    JobState.CANCELLED: "dim",
+    NodeState.READY: "green",
+    NodeState.LOST: "bold red",
+    NodeState.QUARANTINED: "magenta",
+    NodeState.DRAINED: "dim",
+}
+
+
+def state_text(state: JobState | NodeState) -> Text:
+    return Text(state.value, style=STATE_STYLES.get(state, ""))
+
+
+def clock(at: float) -> str:
+    return datetime.fromtimestamp(at).strftime("%H:%M:%S")
+
+
+def ago(at: float, now: float | None = None) -> str:
+    seconds = max(0.0, (now or time.time()) - at)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def _table(*headers: str, shrink: str = "", title: str | None = None) -> Table:
+    """A light table where only the column ``shrink`` gives way when the terminal is narrow:
+    ids and states stay whole, so they can be read and copied."""
+    columns = [Column(h, no_wrap=h != shrink, overflow="ellipsis") for h in headers]
+    return Table(*columns, title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+
+
+def jobs_table(jobs: list[Job]) -> Table:
+    table = _table("ID", "NAME", "STATE", "STEP", "WORKERS", "RECOVERIES", "AGE", shrink="NAME")
+    for job in jobs:
+        table.add_row(
+            job.id,
+            Text(job.name),
+            state_text(job.state),
+            f"{job.step}/{job.spec.steps}",
+            str(job.world_size),
+            str(job.recoveries),
+            ago(job.submitted_at),
+        )
+    return table
+
+
+def history_line(entry: HistoryEntry) -> Text:
+    return Text.assemble(clock(entry.at), "  ", state_text(entry.state), "  ", entry.reason)
+
+
+def job_detail(job: Job) -> Group:
+    spec = job.spec
+    summary = Table.grid(padding=(0, 2))
+    rows: list[tuple[str, str | Text]] = [
+        ("job", job.id),
+        ("name", Text(job.name)),
+        ("state", state_text(job.state)),
+        ("step", f"{job.step}/{spec.steps}"),
+        ("loss", "-" if job.loss is None else f"{job.loss:.4f}"),
+        ("workers", f"{job.world_size} (min {spec.min_workers}, max {spec.max_workers})"),
+        ("generation", str(job.generation)),
+        ("recoveries", str(job.recoveries)),
+        ("weight", f"{spec.weight:g}"),
+        ("submitted", f"{clock(job.submitted_at)} ({ago(job.submitted_at)})"),
+    ]
+    if job.last_failure is not None:
+        failure = job.last_failure
+        rows.append(("last failure", f"{failure.kind} ({failure.severity}, {failure.action})"))
+    for key, value in rows:
+        summary.add_row(Text(key, style="bold"), value)
+    workers = _table("RANK", "NODE", "PID", "STATE", title="workers")
+    for worker in sorted(job.workers, key=lambda w: w.rank):
+        pid = "-" if worker.pid is None else str(worker.pid)
+        workers.add_row(str(worker.rank), worker.node_id, pid, worker.state.value)
+    history = _table("AT", "STATE", "REASON", title="history", shrink="REASON")
+    for entry in job.history:
+        history.add_row(clock(entry.at), state_text(entry.state), Text(entry.reason))
+    parts: list[Table] = [summary, workers] if job.workers else [summary]
+    return Group(*parts, history)
+
+
+def nodes_table(nodes: list[NodeRecord]) -> Table:
+    table = _table("ID", "STATE", "SLOTS", "USED", "HOST", "LAST HEARTBEAT", shrink="HOST")
+    for node in nodes:
+        table.add_row(
+            node.id,
+            state_text(node.state),
+            str(node.slots),
+            str(node.used),
+            node.host,
+            ago(node.last_heartbeat),
+        )
+    return table
+
+
+def _field(value: Any) -> str | None:
+    if value is None or isinstance(value, dict):
+        return None
+    if isinstance(value, list):
+        return str(len(value))
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def event_line(seq: int, event: CloudEvent) -> Text:
+    """``#seq time type subject key=value…``: scalar fields, timestamps and the subject left out."""
+    data = event.data
+    at = datetime.fromisoformat(event.time).astimezone().strftime("%H:%M:%S.%f")[:-3]
+    parts = [f"{data['old']} → {data['new']}"] if {"old", "new"} <= data.keys() else []
+    for key, value in data.items():
+        if key in ("old", "new") or key.endswith("_at") or value == event.subject:
+            continue
+        shown = _field(value)
+        if shown is not None:
+            parts.append(f"{key}={shown}")
+    if isinstance(data.get("spec"), dict):
+        spec = data["spec"]
+        parts.append(
+            f"steps={spec.get('steps')} workers={spec.get('min_workers')}-{spec.get('max_workers')}"
+        )
+    return Text.assemble(
+        (f"#{seq:<5}", "dim"),
+        f" {at}  ",
+        (f"{event.type:<22}", "bold"),
+        f" {event.subject or '-'}  ",
+        "  ".join(parts),
+    )

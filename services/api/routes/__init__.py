@@ -1,0 +1,1 @@
+"""One router per resource; :func:`services.api.app.create_app` mounts them."""

@@ -1,0 +1,78 @@
+"""The event stream as server-sent events: one SSE message per CloudEvent on the bus.
+
+The SSE ``id`` is the JetStream stream sequence, so a client that reconnects with
+``Last-Event-ID`` (browsers do this by themselves) resumes exactly after the last event it saw.
+With ``follow=false`` the stream ends after the events stored when the request arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query, status
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from services.api.deps import BusDep, SettingsDep
+from shared.bus import Bus
+
+router = APIRouter(prefix="/v1/events", tags=["events"])
+EVENTS_STREAM = "UNICRON_EVENTS"
+# In history mode stored events arrive back to back; a longer silence means the remaining
+# messages were malformed ones that the bus skips, and waiting on would never end.
+HISTORY_IDLE_S = 2.0
+
+
+def _start_after(since: int | None, last_event_id: str | None, follow: bool) -> int | None:
+    """The sequence to resume after; None means only new events."""
+    if last_event_id is not None:  # a reconnect continues where it left off
+        try:
+            return max(int(last_event_id), 0)
+        except ValueError:
+            raise HTTPException(
+                status.HTTP_400_BAD_REQUEST,
+                f"Last-Event-ID must be a stream sequence number, got {last_event_id!r}",
+            ) from None
+    if since is not None:
+        return since
+    return None if follow else 0
+
+
+async def _history_end(bus: Bus) -> int:
+    info = await bus.js.stream_info(EVENTS_STREAM)
+    return int(info.state.last_seq)
+
+
+async def _sse(bus: Bus, after: int | None, end: int | None) -> AsyncIterator[ServerSentEvent]:
+    if end is not None and (after or 0) >= end:
+        return
+    # tail_events is an async generator: closing it promptly removes its NATS consumer.
+    async with aclosing(bus.tail_events(after)) as events:
+        while True:
+            if end is None:
+                seq, event = await anext(events)
+            else:
+                try:
+                    seq, event = await asyncio.wait_for(anext(events), HISTORY_IDLE_S)
+                except TimeoutError:
+                    return
+            yield ServerSentEvent(event.model_dump_json(), id=str(seq), event=event.type)
+            if end is not None and seq >= end:
+                return
+
+
+@router.get("", response_class=EventSourceResponse)
+async def stream_events(
+    bus: BusDep,
+    settings: SettingsDep,
+    since: Annotated[int | None, Query(ge=0, description="replay after this sequence")] = None,
+    follow: Annotated[bool, Query(description="keep streaming new events")] = True,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventSourceResponse:
+    after = _start_after(since, last_event_id, follow)
+    end = None if follow else await _history_end(bus)
+    return EventSourceResponse(
+        _sse(bus, after, end), ping=settings.api_sse_ping_s, send_timeout=30.0
+    )

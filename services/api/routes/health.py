@@ -1,0 +1,52 @@
+"""Liveness, readiness and Prometheus metrics, outside /v1 where probes expect them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Response, status
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from services.api.deps import BusDep, MetricsDep, StateDep
+from shared.logging import get_logger
+
+router = APIRouter(tags=["health"])
+log = get_logger(component="api.health")
+# A probe must answer well inside the kubelet's default 1 s timeout even when Redis hangs.
+PING_TIMEOUT_S = 0.5
+
+
+async def _redis_ok(state: StateDep) -> bool:
+    try:
+        return await asyncio.wait_for(state.ping(), PING_TIMEOUT_S)
+    except Exception:
+        return False
+
+
+@router.get("/livez")
+async def livez() -> dict[str, str]:
+    """The process serves requests; restarting it would not fix a missing NATS or Redis."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(response: Response, bus: BusDep, state: StateDep) -> dict[str, object]:
+    """200 when both NATS and Redis answer, else 503 naming the one that does not."""
+    checks = {
+        "nats": "ok" if bus.nc.is_connected else "disconnected",
+        "redis": "ok" if await _redis_ok(state) else "unreachable",
+    }
+    failed = sorted(name for name, result in checks.items() if result != "ok")
+    if failed:
+        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        return {"status": "not ready", "failed": failed, "checks": checks}
+    return {"status": "ready", "failed": [], "checks": checks}
+
+
+@router.get("/metrics")
+async def metrics(state: StateDep, api_metrics: MetricsDep) -> Response:
+    try:
+        api_metrics.set_jobs(await asyncio.wait_for(state.list_jobs(), PING_TIMEOUT_S * 4))
+    except Exception as exc:  # request metrics stay useful while Redis is away
+        log.warning("jobs gauge not refreshed", error=repr(exc))
+    return Response(api_metrics.render(), media_type=CONTENT_TYPE_LATEST)

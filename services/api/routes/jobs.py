@@ -1,0 +1,125 @@
+"""Jobs: submit, list, inspect and cancel.
+
+A job is stored in Redis first and announced on the bus second: Redis is the record, the
+event only wakes the planner. A replayed submission or cancellation publishes its event again
+with the same deterministic id, so a request whose first attempt died between the two steps
+is healed by a retry, while JetStream drops the copy when the first publish did get through.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query, Response, status
+
+from services.api.deps import BusDep, StateDep
+from shared.events import JobStateChanged, JobSubmitted
+from shared.logging import get_logger
+from shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+log = get_logger(component="api.jobs")
+CANCEL_REASON = "cancelled by user"
+
+
+def _not_found(job_id: str) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id!r} not found")
+
+
+async def _announce(bus: BusDep, event: JobSubmitted | JobStateChanged, job_id: str) -> None:
+    try:
+        await bus.publish_event(event)
+    except Exception as exc:
+        log.error("event not published", job_id=job_id, type=event.TYPE, error=repr(exc))
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"job {job_id} was saved but the event bus is unavailable; "
+            "repeat the request (with the same Idempotency-Key for a submission)",
+        ) from exc
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job)
+async def submit_job(
+    spec: JobSpec,
+    response: Response,
+    bus: BusDep,
+    state: StateDep,
+    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+) -> Job:
+    """Store a new PENDING job and announce it; a repeated Idempotency-Key returns the first."""
+    job = Job(
+        id=new_id("job"),
+        name=spec.name,
+        spec=spec,
+        history=[HistoryEntry(state=JobState.PENDING, reason="submitted")],
+    )
+    job, created = await state.create_job(job, idempotency_key)
+    if not created:
+        if job.spec != spec:  # a reused key must not silently hand back some other job
+            raise HTTPException(
+                status.HTTP_422_UNPROCESSABLE_CONTENT,
+                f"Idempotency-Key {idempotency_key!r} was used for job {job.id} with a "
+                "different spec; use a new key for a new job",
+            )
+        response.headers["Idempotent-Replayed"] = "true"
+    # Re-announce a replay only while nobody has acted on the job yet (see module docstring).
+    if created or job.state == JobState.PENDING:
+        await _announce(bus, JobSubmitted(job_id=job.id, name=job.name, spec=job.spec), job.id)
+    log.info("job submitted", job_id=job.id, name=job.name, replayed=not created)
+    return job
+
+
+@router.get("", response_model=list[Job])
+async def list_jobs(
+    state: StateDep, job_state: Annotated[JobState | None, Query(alias="state")] = None
+) -> list[Job]:
+    """All jobs in submission order, or only those in ``?state=``."""
+    jobs = await state.list_jobs()
+    return [j for j in jobs if job_state is None or j.state == job_state]
+
+
+@router.get("/{job_id}", response_model=Job)
+async def get_job(job_id: str, state: StateDep) -> Job:
+    job = await state.get_job(job_id)
+    if job is None:
+        raise _not_found(job_id)
+    return job
+
+
+@router.post("/{job_id}/cancel", response_model=Job)
+async def cancel_job(job_id: str, bus: BusDep, state: StateDep) -> Job:
+    """Move the job to CANCELLED; the planner and executor then stop its workers."""
+    before: list[JobState] = []
+
+    def cancel(job: Job) -> bool:
+        before[:] = [job.state]  # the last attempt of the optimistic transaction wins
+        return not job.state.terminal and job.set_state(JobState.CANCELLED, CANCEL_REASON)
+
+    job = await state.update_job(job_id, cancel)
+    if job is None:
+        raise _not_found(job_id)
+    if job.state != JobState.CANCELLED:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"job {job_id} already ended as {job.state.value}; it cannot be cancelled",
+        )
+    old = before[0] if before[0] != JobState.CANCELLED else _state_before_cancel(job)
+    event = JobStateChanged(
+        job_id=job.id,
+        old=old,
+        new=JobState.CANCELLED,
+        reason=CANCEL_REASON,
+        step=job.step,
+        generation=job.generation,
+    )
+    await _announce(bus, event, job.id)
+    log.info("job cancelled", job_id=job.id, old=old.value, replayed=before[0] == job.state)
+    return job
+
+
+def _state_before_cancel(job: Job) -> JobState:
+    """For a repeated cancel: the state the first cancel left, so the event id is the same."""
+    states = [entry.state for entry in job.history]
+    while states and states[-1] == JobState.CANCELLED:
+        states.pop()
+    return states[-1] if states else JobState.PENDING
