@@ -33,6 +33,7 @@ from shared.messages import (
     WorkerExited,
     WorkerStarted,
     command_subject,
+    report_id,
     report_subject,
 )
 
@@ -112,7 +113,8 @@ class Bus:
     async def publish_report(
         self, report: WorkerStarted | WorkerExited | StepCompleted | WorkerException
     ) -> None:
-        await self._publish(report_subject(report), report.model_dump_json().encode())
+        payload = report.model_dump_json().encode()
+        await self._publish(report_subject(report), payload, report_id(report))
 
     async def dead_letter(self, subject: str, payload: bytes, reason: str, deliveries: int) -> None:
         letter = DeadLetter(

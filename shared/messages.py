@@ -134,6 +134,12 @@ def command_subject(node_id: str) -> str:
     return COMMAND_SUBJECT_PREFIX + node_id
 
 
+def report_id(report: WorkerStarted | WorkerExited | StepCompleted | WorkerException) -> str:
+    """A stable id, so a report re-sent after a lost acknowledgement is dropped by NATS."""
+    base = f"{report.kind}:{report.job_id}:{report.generation}:{report.rank}"
+    return f"{base}:{report.step}" if isinstance(report, StepCompleted) else f"{base}:{report.pid}"
+
+
 def report_subject(report: WorkerStarted | WorkerExited | StepCompleted | WorkerException) -> str:
     return f"{REPORT_SUBJECT_PREFIX}{report.node_id}.{report.kind}"
 

@@ -8,13 +8,14 @@ import socket
 import sys
 
 _PR_SET_PDEATHSIG = 1
+# Loaded once here: loading a library in a child forked from a threaded parent is unsafe.
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True) if sys.platform.startswith("linux") else None
 
 
 def die_with_parent() -> None:
     """``preexec_fn`` for a child that must not outlive its parent (Linux only)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,0 +1,172 @@
+"""The agent's service body: registers the node, heartbeats, and serves commands.
+
+On start it hosts the node's rendezvous store and the workers' local channel, registers a fresh
+``NodeRecord`` (a new boot keeps nothing of an old record but the id) and announces
+``node.joined``. The heartbeat only needs Redis and the outbox only needs NATS, so either
+going away stops neither; commands arrive on the node's durable consumer, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+import structlog
+
+from services.agent.channel import WorkerChannel
+from services.agent.outbox import Outbox
+from services.agent.registry import build_registry
+from services.agent.settings import AgentSettings
+from services.agent.store import RendezvousStore
+from services.agent.supervisor import CommandRejectedError, Supervisor
+from shared.bus import Bus
+from shared.events import NodeJoined
+from shared.logging import get_logger
+from shared.messages import AGENT_COMMAND, StartWorker, StopWorkers, command_subject
+from shared.models import NodeRecord, NodeState, now
+from shared.state import StateStore
+
+log = get_logger(component="agent")
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, bus: Bus, state: StateStore) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id
+        self.bus = bus
+        self.state = state
+        self.boot_id = uuid.uuid4().hex
+        self.registered = False
+        self.outbox = Outbox(bus)
+        self.store = RendezvousStore(settings.host, settings.store_port, settings.store_bind_host)
+        # absolute: workers get this path in their launch JSON and may change directory
+        socket_path = (settings.data_dir / "agents" / f"{self.node_id}.sock").absolute()
+        self.supervisor = Supervisor(
+            self.node_id,
+            settings.data_dir,
+            build_registry(settings.entrypoints),
+            socket_path,
+            self.outbox,
+        )
+        self.channel = WorkerChannel(
+            socket_path,
+            self.node_id,
+            self.outbox,
+            identify=self.supervisor.identify,
+            on_generation=self.supervisor.advance,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.outbox.start()
+        try:
+            await self.store.start()
+            await self.channel.start()
+            await self._register_first()
+            await self.bus.consume(
+                command_subject(self.node_id),
+                durable=f"agent-{self.node_id}",
+                parse=AGENT_COMMAND.validate_json,
+                handler=self.handle,
+            )
+            log.info("agent ready", boot_id=self.boot_id, slots=self.settings.slots)
+            await self._heartbeat_until(stop)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        await self.supervisor.shutdown(self.settings.stop_wait_s)
+        await self.channel.close()
+        await self.outbox.close()  # lets the workers' exit reports go out first
+        self.store.close()
+
+    # --- commands ----------------------------------------------------------------------
+
+    async def handle(self, cmd: StartWorker | StopWorkers) -> None:
+        """Run one command; a command that can never succeed is dead-lettered, not retried."""
+        try:
+            if isinstance(cmd, StartWorker):
+                if len(self.supervisor.live()) >= self.settings.slots:
+                    # the plan is the authority on slots; refusing here could stall a recovery
+                    log.warning("starting a worker beyond the node's slots", job_id=cmd.job_id)
+                await self.supervisor.start_worker(cmd)
+            else:
+                await self.supervisor.stop_workers(cmd, self.settings.stop_wait_s)
+        except CommandRejectedError as exc:
+            payload = cmd.model_dump_json().encode()
+            self.outbox.dead_letter(command_subject(self.node_id), payload, str(exc))
+
+    # --- registration and heartbeat ----------------------------------------------------
+
+    def _fresh_record(self) -> NodeRecord:
+        return NodeRecord(
+            id=self.node_id,
+            state=NodeState.READY,
+            slots=self.settings.slots,
+            used=len(self.supervisor.live()),
+            last_heartbeat=now(),
+            host=self.settings.host,
+            store_port=self.store.port,
+            boot_id=self.boot_id,
+        )
+
+    def _beat(self, node: NodeRecord) -> bool:
+        if node.boot_id != self.boot_id:
+            return False  # another boot of this node took the record over; leave it be
+        node.last_heartbeat = now()
+        node.used = len(self.supervisor.live())
+        return True
+
+    async def heartbeat_once(self) -> None:
+        """Register (again, if the record vanished) or refresh last_heartbeat and used."""
+        if self.registered:
+            node = await self.state.update_node(self.node_id, self._beat)
+            if node is not None:
+                if node.boot_id != self.boot_id:
+                    log.error("node record taken over by another boot", other=node.boot_id)
+                return
+            log.warning("node record missing; registering again")
+        await self.state.put_node(self._fresh_record())
+        if not self.registered:
+            self.registered = True
+            self.outbox.event(
+                NodeJoined(
+                    node_id=self.node_id,
+                    slots=self.settings.slots,
+                    host=self.settings.host,
+                    boot_id=self.boot_id,
+                )
+            )
+            log.info("node registered", boot_id=self.boot_id, store_port=self.store.port)
+
+    async def _register_first(self) -> None:
+        """Register before taking commands; if Redis is away, the heartbeat retries it."""
+        try:
+            await asyncio.wait_for(self.heartbeat_once(), timeout=5.0)
+        except Exception as exc:
+            log.warning("registration failed; retrying on the next heartbeat", error=repr(exc))
+
+    async def _heartbeat_until(self, stop: asyncio.Event) -> None:
+        interval = self.settings.heartbeat_interval_s
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while not stop.is_set():
+            next_at += interval
+            with contextlib.suppress(TimeoutError):  # the usual case: the tick is due
+                await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))
+                return  # stop was set while we waited
+            try:
+                # Bounded, so a Redis that hangs instead of refusing cannot stall the loop.
+                await asyncio.wait_for(self.heartbeat_once(), timeout=max(interval, 1.0))
+            except Exception as exc:
+                log.warning("heartbeat failed; retrying next tick", error=repr(exc))
+            next_at = max(next_at, loop.time() - interval)  # after a long stall, do not burst
+
+
+async def run(
+    bus: Bus, state: StateStore, stop: asyncio.Event, settings: AgentSettings | None = None
+) -> None:
+    """The agent as a ``shared.service.ServiceBody``; settings come from the env by default."""
+    settings = settings or AgentSettings()
+    structlog.contextvars.bind_contextvars(node_id=settings.node_id)
+    await Agent(settings, bus, state).run(stop)

@@ -1,0 +1,113 @@
+"""The agent's way out to the bus: reports, events and dead letters, in order, never blocking.
+
+Workers and the supervisor hand messages to the outbox and go on at once; one task publishes
+them in order and retries while NATS is away, so neither training nor the heartbeat ever waits
+on the control plane (DESIGN §6). While disconnected it does not publish at all: nats-py would
+buffer each retry and flush them all on reconnect as duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.bus import Bus
+from shared.events import EventData
+from shared.logging import get_logger
+from shared.messages import StepCompleted, WorkerException, WorkerExited, WorkerStarted
+
+Report = WorkerStarted | WorkerExited | StepCompleted | WorkerException
+log = get_logger(component="outbox")
+
+MAX_PENDING = 10_000
+RETRY_MIN_S = 0.1
+RETRY_MAX_S = 2.0
+
+
+class Sink(Protocol):
+    """What the channel and the supervisor need: fire-and-forget reports and dead letters."""
+
+    def report(self, report: Report) -> None: ...
+
+    def dead_letter(self, subject: str, payload: bytes, reason: str) -> None: ...
+
+
+@dataclass
+class _Item:
+    send: Callable[[], Awaitable[object]]
+    what: str
+    droppable: bool  # step telemetry may be dropped under backlog; exits and failures never
+
+
+class Outbox:
+    def __init__(self, bus: Bus, max_pending: int = MAX_PENDING) -> None:
+        self.bus = bus
+        self.max_pending = max_pending
+        self.dropped = 0
+        self._items: collections.deque[_Item] = collections.deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="outbox")
+
+    def report(self, report: Report) -> None:
+        droppable = isinstance(report, StepCompleted)
+        self._put(_Item(lambda: self.bus.publish_report(report), report.kind, droppable))
+
+    def event(self, data: EventData) -> None:
+        self._put(_Item(lambda: self.bus.publish_event(data), data.TYPE, False))
+
+    def dead_letter(self, subject: str, payload: bytes, reason: str) -> None:
+        send = lambda: self.bus.dead_letter(subject, payload, reason, 1)  # noqa: E731
+        self._put(_Item(send, "dead_letter", False))
+
+    def _put(self, item: _Item) -> None:
+        if item.droppable and len(self._items) >= self.max_pending:
+            self.dropped += 1
+            if self.dropped % 1000 == 1:  # say so, but not once per step
+                log.warning("bus backlog full; dropping step telemetry", dropped=self.dropped)
+            return
+        self._items.append(item)
+        self._idle.clear()
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            if not self._items:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._send(self._items[0])
+            self._items.popleft()
+
+    async def _send(self, item: _Item) -> None:
+        """Publish one item, retrying with backoff until it is stored by JetStream."""
+        delay = RETRY_MIN_S
+        while True:
+            if self.bus.nc.is_connected:
+                try:
+                    await item.send()
+                    return
+                except Exception as exc:
+                    log.warning("publish failed; will retry", what=item.what, error=repr(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    async def close(self, timeout_s: float = 3.0) -> None:
+        """Give pending messages ``timeout_s`` to go out, then stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        if self._items:
+            log.warning("outbox closed with messages unsent", pending=len(self._items))
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

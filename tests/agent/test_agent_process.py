@@ -1,0 +1,294 @@
+"""The agent as it runs in production: ``python -m services.agent`` against real NATS and Redis.
+
+Everything is awaited on the bus or in Redis with a deadline; nothing sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from services.agent.agent import Agent
+from services.agent.registry import EntrypointRegistry
+from services.agent.settings import AgentSettings
+from shared.bus import Bus, parse_event
+from shared.embedded import EmbeddedServer, start_nats, start_redis
+from shared.events import CloudEvent, NodeJoined
+from shared.messages import (
+    WORKER_REPORT,
+    DeadLetter,
+    StepCompleted,
+    StopWorkers,
+    WorkerExited,
+    WorkerLaunch,
+    WorkerStarted,
+    command_subject,
+)
+from shared.models import NodeRecord, NodeState
+from shared.procs import port_open
+from shared.state import StateStore
+from tests.agent.conftest import FAKE_WORKER, REPO, start_cmd, until
+
+NODE = "n1"
+R = TypeVar("R")
+
+
+class Inbox:
+    """Everything one durable consumer sees, for waiting on one kind of message at a time."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.seen: list[object] = []
+
+    async def put(self, item: object) -> None:
+        self.seen.append(item)
+        await self.queue.put(item)
+
+    async def next(self, match: Callable[[object], bool], within: float = 10.0) -> object:
+        async with asyncio.timeout(within):
+            while not match(item := await self.queue.get()):
+                pass
+            return item
+
+    async def report(self, cls: type[R], within: float = 10.0, **fields: object) -> R:
+        def match(item: object) -> bool:
+            return isinstance(item, cls) and all(getattr(item, k) == v for k, v in fields.items())
+
+        found = await self.next(match, within)
+        assert isinstance(found, cls)
+        return found
+
+
+async def inbox(bus: Bus, subject: str, parse: Callable[[bytes], object]) -> Inbox:
+    box = Inbox()
+    durable = "test-" + subject.replace(".", "-").replace(">", "all").replace("*", "any")
+    await bus.consume(subject, durable, parse, box.put)
+    return box
+
+
+def agent_env(nats_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "UNICRON_NODE_ID": NODE,
+        "UNICRON_SLOTS": "4",
+        "UNICRON_NATS_URL": nats_url,
+        "UNICRON_REDIS_URL": redis_url,
+        "UNICRON_DATA_DIR": str(data_dir),
+        "UNICRON_HEARTBEAT_INTERVAL_S": "0.2",
+        "UNICRON_ENTRYPOINTS": json.dumps({"gpt": FAKE_WORKER}),
+    }
+
+
+@pytest.fixture
+def agent(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    data_dir = tmp_path / "data"
+    with (tmp_path / "agent.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.agent"],
+            cwd=REPO,
+            env=agent_env(nats_url, redis_url, data_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    print((tmp_path / "agent.log").read_text()[-4000:])
+
+
+@pytest.fixture
+async def joined(bus: Bus, agent: subprocess.Popen[bytes]) -> NodeJoined:
+    events = await inbox(bus, "unicron.events.node.joined", parse_event)
+    # generous: the agent imports torch for its TCPStore, slow on a loaded machine
+    event = await events.next(lambda e: isinstance(e, CloudEvent), within=60)
+    assert isinstance(event, CloudEvent)
+    data = event.typed()
+    assert isinstance(data, NodeJoined)
+    return data
+
+
+async def node_record(state: StateStore, match: Callable[[NodeRecord], bool]) -> NodeRecord:
+    """The node's record once it matches (Redis may be coming back meanwhile)."""
+    async with asyncio.timeout(10):
+        while True:
+            with contextlib.suppress(RedisConnectionError):
+                node = await state.get_node(NODE)
+                if node is not None and match(node):
+                    return node
+            await asyncio.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only a zombie left for its parent to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.fixture
+async def stale_record(state: StateStore) -> NodeRecord:
+    """What an earlier boot of the node left in Redis."""
+    old = NodeRecord(
+        id=NODE, state=NodeState.QUARANTINED, slots=9, used=7, boot_id="old", store_port=1
+    )
+    await state.put_node(old)
+    return old
+
+
+async def test_agent_serves_its_node(
+    stale_record: NodeRecord,
+    bus: Bus,
+    state: StateStore,
+    agent: subprocess.Popen[bytes],
+    joined: NodeJoined,
+    tmp_path: Path,
+) -> None:
+    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
+    letters = await inbox(bus, "unicron.deadletter", DeadLetter.model_validate_json)
+
+    # registered from scratch (nothing kept from the earlier boot), with its store, heartbeating
+    node = await node_record(state, lambda n: n.boot_id == joined.boot_id)
+    assert (node.slots, node.state, node.used, node.host) == (4, NodeState.READY, 0, "127.0.0.1")
+    assert node.store_port != stale_record.store_port
+    assert port_open("127.0.0.1", node.store_port)
+    await node_record(state, lambda n: n.last_heartbeat > node.last_heartbeat)
+
+    # a start launches the registered entrypoint with the launch JSON; its reports arrive
+    hang = start_cmd("job-a", "hang", steps=2)
+    await bus.send_command(NODE, hang)
+    first = await reports.report(WorkerStarted, job_id="job-a")
+    assert [(await reports.report(StepCompleted, job_id="job-a")).step for _ in range(2)] == [0, 1]
+    log_file = tmp_path / "data" / "logs" / "job-a" / "g1-r0.log"
+    launch = WorkerLaunch.model_validate_json(log_file.read_text().splitlines()[0])
+    assert launch.agent_socket == str(tmp_path / "data" / "agents" / f"{NODE}.sock")
+    assert (launch.checkpoint_dir, launch.rendezvous) == (hang.checkpoint_dir, hang.rendezvous)
+
+    # a duplicate start does nothing; commands run in order, so job-b's exit proves it was seen
+    await bus.send_command(NODE, hang.model_copy(update={"command_id": "cmd-duplicate"}))
+    await bus.send_command(NODE, start_cmd("job-b", "exit-3"))
+    exit3 = await reports.report(WorkerExited, job_id="job-b")
+    assert (exit3.exit_code, exit3.signal, exit3.stopped_by_agent) == (3, None, False)
+    assert [r for r in reports.seen if isinstance(r, WorkerStarted) and r.job_id == "job-a"] == [
+        first
+    ]
+    await node_record(state, lambda n: n.used == 1)
+
+    # SIGKILL from outside: reported at once
+    killed_at = time.monotonic()
+    os.kill(first.pid, signal.SIGKILL)
+    killed = await reports.report(WorkerExited, job_id="job-a")
+    latency = time.monotonic() - killed_at
+    print(f"kill → WorkerExited on the bus: {latency * 1000:.1f} ms")
+    assert (killed.signal, killed.exit_code, killed.stopped_by_agent) == (9, None, False)
+    assert latency < 1.0
+
+    # a stop kills the job's older generation only, and says the agent did it
+    await bus.send_command(NODE, start_cmd("job-c", "hang", generation=1))
+    await bus.send_command(NODE, start_cmd("job-c", "hang", generation=2, rank=1))
+    await reports.report(WorkerStarted, job_id="job-c", generation=1)
+    newer = await reports.report(WorkerStarted, job_id="job-c", generation=2)
+    await bus.send_command(NODE, StopWorkers(job_id="job-c", below_generation=2))
+    stopped = await reports.report(WorkerExited, job_id="job-c")
+    assert (stopped.generation, stopped.signal, stopped.stopped_by_agent) == (1, 9, True)
+
+    # garbage and an unknown trainer are dead-lettered; the agent keeps serving
+    await bus.js.publish(command_subject(NODE), b"{not json")
+    evil = start_cmd("job-x", "hang").model_dump(mode="json")
+    evil["spec"]["trainer"] = "evil"
+    await bus.js.publish(command_subject(NODE), json.dumps(evil).encode())
+    for _ in range(2):
+        letter = await letters.report(DeadLetter, subject=command_subject(NODE))
+        assert "invalid message" in letter.reason
+    await bus.send_command(NODE, start_cmd("job-d", "hang"))
+    last = await reports.report(WorkerStarted, job_id="job-d")
+    assert not gone(newer.pid)
+
+    # SIGTERM: the agent kills and reaps its workers, reports them, and exits cleanly
+    agent.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(agent.wait, 20) == 0
+    exits = [await reports.report(WorkerExited, stopped_by_agent=True) for _ in range(2)]
+    assert {e.pid for e in exits} == {newer.pid, last.pid}
+    assert gone(newer.pid) and gone(last.pid)
+
+
+async def log_says(path: Path, text: str, within: float = 10.0) -> None:
+    """Wait until the agent has logged ``text``: the only outside sign of a failed beat."""
+    await until(lambda: text in path.read_text(), within)
+
+
+@pytest.fixture
+def restarted() -> Iterator[list[EmbeddedServer]]:
+    """Servers a test restarts; requested first, so they stop after the clients closed."""
+    servers: list[EmbeddedServer] = []
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+async def test_agent_rides_out_nats_and_redis_outages(
+    restarted: list[EmbeddedServer],
+    bus: Bus,
+    state: StateStore,
+    agent: subprocess.Popen[bytes],
+    joined: NodeJoined,
+    nats_server: EmbeddedServer,
+    redis_server: EmbeddedServer,
+    tmp_path: Path,
+) -> None:
+    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
+    await bus.send_command(NODE, start_cmd("job-a", "hang"))
+    worker = await reports.report(WorkerStarted, job_id="job-a")
+    await reports.report(StepCompleted, job_id="job-a")
+
+    # NATS away: heartbeats and supervision go on; the exit report waits for NATS
+    nats_server.stop()
+    before = await node_record(state, lambda n: n.used == 1)
+    await node_record(state, lambda n: n.last_heartbeat > before.last_heartbeat + 0.3)
+    os.kill(worker.pid, signal.SIGKILL)
+    await node_record(state, lambda n: n.used == 0)
+    restarted.append(start_nats(tmp_path / "nats", port=nats_server.port))
+    exited = await reports.report(WorkerExited, within=30, job_id="job-a")
+    assert (exited.pid, exited.signal) == (worker.pid, 9)
+
+    # Redis away: the agent logs and retries; back (and empty), it registers again
+    redis_server.stop()
+    await log_says(tmp_path / "agent.log", "heartbeat failed")
+    restarted.append(start_redis(tmp_path / "redis", port=redis_server.port))
+    await node_record(state, lambda n: n.boot_id == joined.boot_id)
+    assert agent.poll() is None
+
+    await bus.send_command(NODE, start_cmd("job-b", "hang"))  # and it still takes commands
+    await reports.report(WorkerStarted, job_id="job-b", within=30)
+
+
+async def test_command_for_an_unregistered_trainer_is_dead_lettered(
+    bus: Bus, state: StateStore, tmp_path: Path
+) -> None:
+    """In process (no torch needed): a node with no entrypoint for the trainer refuses it once,
+    to the dead letters, instead of failing the handler into five redeliveries."""
+    letters = await inbox(bus, "unicron.deadletter", DeadLetter.model_validate_json)
+    node = Agent(AgentSettings(node_id=NODE, data_dir=tmp_path), bus, state)
+    node.supervisor.registry = EntrypointRegistry()
+    node.outbox.start()
+    try:
+        await node.handle(start_cmd("job-a", "hang"))
+        letter = await letters.report(DeadLetter, subject=command_subject(NODE))
+        assert "not registered" in letter.reason
+        assert node.supervisor.live() == []
+    finally:
+        await node.outbox.close()

@@ -1,0 +1,87 @@
+"""The local channel forwards worker reports, rejects bad lines, and reaches one worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from services.agent.channel import WorkerChannel
+from services.agent.supervisor import Supervisor, WorkerKey
+from shared.messages import StepCompleted, WorkerExited
+from tests.agent.conftest import RecordingSink, start_cmd, until
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def step(step: int, node: str = "n1", job: str = "job-a", gen: int = 1) -> bytes:
+    report = StepCompleted(
+        node_id=node, job_id=job, generation=gen, rank=0, step=step, loss=0.5, iteration_s=0.1
+    )
+    return report.model_dump_json().encode() + b"\n"
+
+
+@pytest.fixture
+async def conn(channel: WorkerChannel) -> AsyncIterator[Conn]:
+    reader, writer = await asyncio.open_unix_connection(str(channel.path))
+    yield reader, writer
+    writer.close()
+
+
+async def test_reports_are_forwarded_and_bad_lines_dead_lettered(
+    channel: WorkerChannel, sink: RecordingSink, conn: Conn
+) -> None:
+    _, writer = conn
+    writer.write(step(1) + b"{not json\n" + step(2, node="other") + b"\n" + step(3))
+    await writer.drain()
+    assert [(await sink.next(StepCompleted)).step for _ in range(2)] == [1, 3]
+    reasons = [(await sink.letters.get())[2] for _ in range(2)]
+    assert reasons[0].startswith("invalid report")
+    assert "for node 'other'" in reasons[1]
+
+
+async def test_directive_reaches_the_worker_that_reported(
+    channel: WorkerChannel, sink: RecordingSink, conn: Conn
+) -> None:
+    reader, writer = conn
+    assert not await channel.send_to_worker("job-a", 1, 0, {"x": 1})
+    writer.write(b'{"kind": "hello", "job_id": "job-a", "generation": 1, "rank": 0}\n')
+    writer.write(step(1, gen=2))  # re-formed in place: reachable under both generations
+    await writer.drain()
+    await sink.next(StepCompleted)
+    assert await channel.send_to_worker("job-a", 1, 0, {"x": 1})
+    assert await channel.send_to_worker("job-a", 2, 0, {"x": 2})
+    lines = [json.loads(await asyncio.wait_for(reader.readline(), 5)) for _ in range(2)]
+    assert lines == [{"x": 1}, {"x": 2}]
+    assert sink.letters.empty()  # the hello is not a report, and not an error either
+    writer.close()
+    await writer.wait_closed()
+    await until(lambda: not channel.connected(WorkerKey("job-a", 1, 0)))
+    assert not await channel.send_to_worker("job-a", 1, 0, {"x": 3})
+
+
+async def test_launched_worker_is_known_by_its_pid(
+    supervisor: Supervisor, channel: WorkerChannel, sink: RecordingSink
+) -> None:
+    """A worker the supervisor launched is reachable before it sends anything (``echo`` sends
+    nothing unasked: it answers ``{"step": S}`` with a report, ``{"exit": N}`` by exiting)."""
+    await supervisor.start_worker(start_cmd("job-e", "echo", generation=3, rank=1))
+    key = WorkerKey("job-e", 3, 1)
+    await until(lambda: channel.connected(key))
+    assert sink.reports.qsize() == 1  # only WorkerStarted: the pid alone identified it
+    assert await channel.send_to_worker(*key, {"step": 42})
+    assert (await sink.next(StepCompleted)).step == 42
+    assert await channel.send_to_worker(*key, {"exit": 7})
+    assert (await sink.next(WorkerExited)).exit_code == 7
+
+
+async def test_oversized_line_is_rejected_and_connection_lives(
+    channel: WorkerChannel, sink: RecordingSink, conn: Conn
+) -> None:
+    _, writer = conn
+    writer.write(b"x" * (2 << 20) + b"\n" + step(9))
+    await writer.drain()
+    assert (await sink.next(StepCompleted)).step == 9
+    assert not sink.letters.empty()
