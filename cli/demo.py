@@ -52,8 +52,14 @@ def _describe(event: dict[str, Any]) -> str:
             f"{data['severity']} -> {data['action']}"
         )
     if kind == "plan.created":
-        jobs = ", ".join(f"{j['action']} x{j['workers']}" for j in data["jobs"])
-        return f"plan #{data['seq']} ({data['trigger']}): {jobs}"
+        jobs = ", ".join(f"{j['action']} x{j['workers']}" for j in data["jobs"]) or "idle"
+        return f"plan #{data['seq']}: {jobs}"
+    if kind == "job.submitted":
+        spec = data["spec"]
+        return (
+            f"{data['name']}: {spec['steps']} steps, "
+            f"{spec['min_workers']}-{spec['max_workers']} workers"
+        )
     if kind.startswith("transition."):
         keys = ("action", "generation", "to_workers", "world_size", "downtime_s", "resumed_step")
         return " ".join(f"{k}={data[k]}" for k in keys if k in data and data[k] is not None)

@@ -90,3 +90,32 @@ def test_control_plane_restart_loses_nothing(stack: Stack, service: str) -> None
     done = wait_terminal(client, job["id"])
     assert done["state"] == "SUCCEEDED", done["history"]
     assert done["step"] == 50
+
+
+async def test_malformed_bus_messages_are_dead_lettered_while_jobs_run(
+    stack: Stack, nats_url: str
+) -> None:
+    import asyncio
+
+    from shared.bus import Bus
+    from shared.messages import DeadLetter
+
+    bus = await Bus.connect(nats_url, source="unicron/test")
+    letters: asyncio.Queue[DeadLetter] = asyncio.Queue()
+    await bus.consume("unicron.deadletter", "test-dl", DeadLetter.model_validate_json, letters.put)
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=10) as client:
+        job = (await client.post("/v1/jobs", json=small_job("dead-letter", steps=20))).json()
+        await bus.js.publish("unicron.events.plan.created", b'{"garbage": true}')
+        await bus.js.publish("unicron.reports.node-0.worker_exited", b"not json at all")
+        services = set()
+        while len(services) < 3:  # planner + executor read plan.created; detector, executor reports
+            letter = await asyncio.wait_for(letters.get(), 30)
+            services.add(letter.service)
+        assert {"unicron/executor", "unicron/detector"} <= services
+        for _ in range(600):
+            current = (await client.get(f"/v1/jobs/{job['id']}")).json()
+            if current["state"] == "SUCCEEDED":
+                break
+            await asyncio.sleep(0.2)
+        assert current["state"] == "SUCCEEDED", current
+    await bus.close()
