@@ -25,13 +25,11 @@ from shared.events import CloudEvent, EventData
 from shared.logging import get_logger
 from shared.messages import (
     DEADLETTER_SUBJECT,
+    AnyWorkerReport,
     DeadLetter,
+    InjectFault,
     StartWorker,
-    StepCompleted,
     StopWorkers,
-    WorkerException,
-    WorkerExited,
-    WorkerStarted,
     command_subject,
     report_id,
     report_subject,
@@ -106,13 +104,13 @@ class Bus:
         log.debug("event published", type=event.type, id=event.id)
         return event
 
-    async def send_command(self, node_id: str, command: StartWorker | StopWorkers) -> None:
+    async def send_command(
+        self, node_id: str, command: StartWorker | StopWorkers | InjectFault
+    ) -> None:
         payload = command.model_dump_json().encode()
         await self._publish(command_subject(node_id), payload, command.command_id)
 
-    async def publish_report(
-        self, report: WorkerStarted | WorkerExited | StepCompleted | WorkerException
-    ) -> None:
+    async def publish_report(self, report: AnyWorkerReport) -> None:
         payload = report.model_dump_json().encode()
         await self._publish(report_subject(report), payload, report_id(report))
 

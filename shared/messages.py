@@ -8,9 +8,10 @@ are. Every message is a member of a discriminated union, so one ``TypeAdapter`` 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from enum import Enum
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from shared.models import JobSpec, new_id, now
 
@@ -73,7 +74,56 @@ class WorkerLaunch(_Message):
     agent_socket: str = Field(description="unix socket of the agent's local channel")
 
 
-AgentCommand = Annotated[StartWorker | StopWorkers, Field(discriminator="kind")]
+class FaultKind(str, Enum):
+    """Faults a drill can inject into one worker."""
+
+    CRASH = "crash"  # SIGKILL itself
+    EXIT = "exit"  # exit with ``exit_code`` without a report
+    EXCEPTION = "exception"  # raise RuntimeError(message) inside the step
+    HANG = "hang"  # stop making progress inside the step's compute
+    SLOW = "slow"  # multiply this rank's compute time by ``slowdown``
+
+
+class FaultSpec(_Message):
+    """A fault to inject: the body of ``POST /v1/jobs/{id}/faults``."""
+
+    rank: int = Field(ge=0)
+    kind: FaultKind
+    message: str = Field("injected fault", max_length=4000)
+    exit_code: int = Field(1, ge=1, le=255)
+    slowdown: float = Field(2.0, gt=1.0, le=100.0)
+    at_step: int | None = Field(None, ge=1, description="fire at this step (default: the next)")
+
+    @model_validator(mode="after")
+    def _fields_fit_kind(self) -> Self:
+        if self.kind != FaultKind.EXCEPTION and "message" in self.model_fields_set:
+            raise ValueError("message applies to kind 'exception' only")
+        if self.kind != FaultKind.EXIT and "exit_code" in self.model_fields_set:
+            raise ValueError("exit_code applies to kind 'exit' only")
+        if self.kind != FaultKind.SLOW and "slowdown" in self.model_fields_set:
+            raise ValueError("slowdown applies to kind 'slow' only")
+        return self
+
+
+class InjectFault(_Message):
+    """Deliver ``fault`` to one worker through its agent's local channel."""
+
+    kind: Literal["inject_fault"] = "inject_fault"
+    command_id: str = Field(default_factory=lambda: new_id("cmd"))
+    job_id: str
+    generation: int
+    rank: int
+    fault: FaultSpec
+
+
+class FaultDirective(_Message):
+    """What an agent sends a worker over the local channel to inject a fault."""
+
+    directive: Literal["fault"] = "fault"
+    fault: FaultSpec
+
+
+AgentCommand = Annotated[StartWorker | StopWorkers | InjectFault, Field(discriminator="kind")]
 AGENT_COMMAND = TypeAdapter(AgentCommand)
 
 
@@ -110,7 +160,32 @@ class StepCompleted(_WorkerMessage):
     step: int
     loss: float
     iteration_s: float
+    compute_s: float | None = Field(
+        None, description="this rank's own compute in the step, without waiting for peers"
+    )
     resumed_from: int | None = None
+
+
+class WorkerPhase(_WorkerMessage):
+    """Local channel only: the worker enters a phase of a step. Lets the agent tell a rank that
+    hangs in its own compute from the peers that wait for it in the collective."""
+
+    kind: Literal["worker_phase"] = "worker_phase"
+    phase: Literal["compute", "collective", "checkpoint"]
+    step: int
+
+
+class WorkerHung(_WorkerMessage):
+    """No step completed for longer than the hang threshold (3 x the running mean)."""
+
+    kind: Literal["worker_hung"] = "worker_hung"
+    pid: int
+    silent_s: float
+    threshold_s: float
+    mean_iteration_s: float | None
+    process_state: str = Field(description="state letter from /proc: R, S, D, T (stopped) …")
+    phase: str | None = None
+    last_step: int | None = None
 
 
 class WorkerException(_WorkerMessage):
@@ -124,23 +199,33 @@ class WorkerException(_WorkerMessage):
     step: int | None = None
 
 
-WorkerReport = Annotated[
-    WorkerStarted | WorkerExited | StepCompleted | WorkerException, Field(discriminator="kind")
-]
+AnyWorkerReport = (
+    WorkerStarted | WorkerExited | StepCompleted | WorkerException | WorkerPhase | WorkerHung
+)
+WorkerReport = Annotated[AnyWorkerReport, Field(discriminator="kind")]
 WORKER_REPORT = TypeAdapter(WorkerReport)
+
+
+def ping_subject(node_id: str) -> str:
+    """Core-NATS request/reply subject an agent answers while its process is alive."""
+    return f"unicron.agents.{node_id}.ping"
 
 
 def command_subject(node_id: str) -> str:
     return COMMAND_SUBJECT_PREFIX + node_id
 
 
-def report_id(report: WorkerStarted | WorkerExited | StepCompleted | WorkerException) -> str:
+def report_id(report: AnyWorkerReport) -> str:
     """A stable id, so a report re-sent after a lost acknowledgement is dropped by NATS."""
     base = f"{report.kind}:{report.job_id}:{report.generation}:{report.rank}"
-    return f"{base}:{report.step}" if isinstance(report, StepCompleted) else f"{base}:{report.pid}"
+    if isinstance(report, StepCompleted | WorkerPhase):
+        return f"{base}:{report.step}"
+    if isinstance(report, WorkerHung):
+        return f"{base}:{report.last_step}:{report.at:.3f}"
+    return f"{base}:{report.pid}"
 
 
-def report_subject(report: WorkerStarted | WorkerExited | StepCompleted | WorkerException) -> str:
+def report_subject(report: AnyWorkerReport) -> str:
     return f"{REPORT_SUBJECT_PREFIX}{report.node_id}.{report.kind}"
 
 

@@ -128,6 +128,22 @@ class StateStore:
     async def update_node(self, node_id: str, mutate: Mutation[NodeRecord]) -> NodeRecord | None:
         return await self._update(self._key("node", node_id), NodeRecord, mutate)
 
+    async def record_node_failure(
+        self, node_id: str, failure_id: str, at: float, window_s: float
+    ) -> int:
+        """Remember a failure blamed on a node; returns how many fell within ``window_s``.
+
+        Keyed by failure id, so recording the same failure again does not count twice.
+        """
+        key = self._key("node_failures", node_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {failure_id: at})
+            pipe.zremrangebyscore(key, "-inf", at - window_s)
+            pipe.zcard(key)
+            pipe.expire(key, int(window_s) + 60)
+            result = await pipe.execute()
+        return int(result[2])
+
     # --- plans -----------------------------------------------------------------------------
 
     async def next_plan_seq(self) -> int:

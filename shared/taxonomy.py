@@ -21,6 +21,8 @@ class RecoveryAction(str, Enum):
     REATTEMPT = "reattempt"
     RESTART = "restart"
     RECONFIGURE = "reconfigure"
+    # Recorded and counted against the node, but the job keeps running (e.g. a straggler).
+    REPORT = "report"
 
 
 class FailureKind(str, Enum):
@@ -59,6 +61,7 @@ class FailureCategory(str, Enum):
 _SEV1 = (Severity.SEV1, RecoveryAction.RECONFIGURE)
 _SEV2 = (Severity.SEV2, RecoveryAction.RESTART)
 _SEV3 = (Severity.SEV3, RecoveryAction.REATTEMPT)
+_ADVISORY = (Severity.SEV3, RecoveryAction.REPORT)
 
 SEVERITY_TABLE: dict[FailureCategory, tuple[Severity, RecoveryAction]] = {
     FailureCategory.NODE_DOWN: _SEV1,
@@ -75,12 +78,22 @@ SEVERITY_TABLE: dict[FailureCategory, tuple[Severity, RecoveryAction]] = {
     FailureCategory.OOM: _SEV2,
     FailureCategory.NAN_LOSS: _SEV2,
     FailureCategory.SOFTWARE_OTHER: _SEV2,
-    FailureCategory.STRAGGLER: _SEV2,
     FailureCategory.CONNECTION_REFUSED: _SEV3,
     FailureCategory.CONNECTION_RESET: _SEV3,
     FailureCategory.LINK_FLAPPING: _SEV3,
     FailureCategory.NETWORK_OTHER: _SEV3,
+    FailureCategory.STRAGGLER: _ADVISORY,
 }
+
+# An action that fails again escalates one level up this ladder (DESIGN.md §3).
+ESCALATION: tuple[tuple[Severity, RecoveryAction], ...] = (_SEV3, _SEV2, _SEV1)
+
+
+def escalate(previous: RecoveryAction, current: RecoveryAction) -> tuple[Severity, RecoveryAction]:
+    """The level above the higher of two failed actions; the top level stays the top."""
+    levels = [action for _, action in ESCALATION]
+    rank = max(levels.index(previous), levels.index(current))
+    return ESCALATION[min(rank + 1, len(ESCALATION) - 1)]
 
 
 def severity_of(category: FailureCategory) -> tuple[Severity, RecoveryAction]:

@@ -18,9 +18,12 @@ from typing import Protocol
 from shared.bus import Bus
 from shared.events import EventData
 from shared.logging import get_logger
-from shared.messages import StepCompleted, WorkerException, WorkerExited, WorkerStarted
+from shared.messages import (
+    AnyWorkerReport,
+    StepCompleted,
+)
 
-Report = WorkerStarted | WorkerExited | StepCompleted | WorkerException
+Report = AnyWorkerReport
 log = get_logger(component="outbox")
 
 MAX_PENDING = 10_000

@@ -2,7 +2,8 @@
 
 When a rank dies, its peers fail in the collective a few milliseconds later with connection
 errors. A candidate that is surely a root cause (a kill, a lost node, a CUDA error) is reported
-at once; a secondary one (a connection error) waits a short window for a better explanation.
+at once; a secondary one (a connection error) waits a short window for a better explanation,
+and longer while ``hold`` says a better one may still come (a node that stopped answering).
 """
 
 from __future__ import annotations
@@ -13,13 +14,22 @@ from collections.abc import Awaitable, Callable
 from services.detector.signals import Candidate, root_cause
 
 Emit = Callable[[Candidate], Awaitable[None]]
+# Given the candidates so far, how many more seconds to wait for a root cause (0: none).
+Hold = Callable[[list[Candidate]], Awaitable[float]]
+
+
+async def _no_hold(_: list[Candidate]) -> float:
+    return 0.0
+
+
 _Key = tuple[str, int]
 
 
 class Correlator:
-    def __init__(self, window_s: float, emit: Emit) -> None:
+    def __init__(self, window_s: float, emit: Emit, hold: Hold = _no_hold) -> None:
         self.window_s = window_s
         self._emit = emit
+        self._hold = hold
         self._pending: dict[_Key, list[Candidate]] = {}
         self._done: set[_Key] = set()
         self._timers: set[asyncio.Task[None]] = set()
@@ -39,6 +49,9 @@ class Correlator:
 
     async def _flush_later(self, key: _Key) -> None:
         await asyncio.sleep(self.window_s)
+        extra = await self._hold(list(self._pending.get(key, [])))
+        if extra > 0:
+            await asyncio.sleep(extra)
         await self._flush(key)
 
     async def _flush(self, key: _Key) -> None:

@@ -2,27 +2,55 @@
 
 Safe to repeat: the event id is derived from (job, generation) so NATS drops a re-published
 copy, and the job record is only changed while no failure is recorded for that generation.
+A failure of the generation that was started to recover from the previous one, within the
+escalation window, escalates: reattempt → restart → reconfigure (DESIGN.md §3). Advisory
+failures (a straggler) are published and counted against the node, but leave the job running.
 """
 
 from __future__ import annotations
 
+from services.detector.quarantine import NodeHealth
+from services.detector.settings import DetectorSettings
 from services.detector.signals import Candidate
 from shared.bus import Bus
 from shared.events import FailureDetected, JobStateChanged
 from shared.logging import get_logger
 from shared.models import FailureRecord, Job, JobState
 from shared.state import StateStore
-from shared.taxonomy import severity_of
+from shared.taxonomy import RecoveryAction, Severity, escalate, severity_of
 
 
 def _already_recorded(job: Job, generation: int) -> bool:
     return job.last_failure is not None and job.last_failure.generation == generation
 
 
+def _failure_id(cause: Candidate, advisory: bool) -> str:
+    base = f"{cause.job_id}:{cause.generation}"
+    return f"{base}:{cause.kind.value}:{cause.rank}" if advisory else base
+
+
 class FailureRecorder:
-    def __init__(self, bus: Bus, state: StateStore) -> None:
+    def __init__(
+        self, bus: Bus, state: StateStore, settings: DetectorSettings, health: NodeHealth
+    ) -> None:
         self.bus = bus
         self.state = state
+        self.settings = settings
+        self.health = health
+
+    def _grade(self, job: Job, cause: Candidate) -> tuple[Severity, RecoveryAction, dict[str, str]]:
+        severity, action = severity_of(cause.category)
+        last = job.last_failure
+        repeated = (
+            action != RecoveryAction.REPORT
+            and last is not None
+            and last.generation == cause.generation - 1
+            and cause.observed_at - last.observed_at <= self.settings.escalation_window_s
+        )
+        if not repeated or last is None:
+            return severity, action, {}
+        escalated = escalate(RecoveryAction(last.action), action)
+        return *escalated, {"escalated_from": action.value, "previous_failure": last.failure_id}
 
     async def record(self, cause: Candidate) -> FailureDetected | None:
         log = get_logger(job_id=cause.job_id, node_id=cause.node_id)
@@ -30,11 +58,12 @@ class FailureRecorder:
         if job is None or job.state.terminal or cause.generation != job.generation:
             log.info("stale failure report ignored", generation=cause.generation)
             return None
-        if _already_recorded(job, cause.generation):
+        severity, action, escalation = self._grade(job, cause)
+        advisory = action == RecoveryAction.REPORT
+        if not advisory and _already_recorded(job, cause.generation):
             return None
-        severity, action = severity_of(cause.category)
         failure = FailureDetected(
-            failure_id=f"{cause.job_id}:{cause.generation}",
+            failure_id=_failure_id(cause, advisory),
             job_id=cause.job_id,
             node_id=cause.node_id,
             rank=cause.rank,
@@ -44,42 +73,47 @@ class FailureRecorder:
             severity=severity,
             action=action,
             observed_at=cause.observed_at,
-            evidence=cause.evidence,
+            evidence={**cause.evidence, **escalation},
         )
+        # The job record first: whoever sees the event finds the failure recorded.
+        state_change = None if advisory else await self._mark_job(job, failure)
         await self.bus.publish_event(failure)
-
-        marked = False
-
-        def mark(j: Job) -> bool:
-            nonlocal marked
-            marked = False
-            if j.generation != cause.generation or _already_recorded(j, cause.generation):
-                return False
-            j.last_failure = FailureRecord(
-                failure_id=failure.failure_id,
-                generation=cause.generation,
-                kind=cause.kind.value,
-                category=cause.category.value,
-                severity=severity.value,
-                action=action.value,
-                rank=cause.rank,
-                node_id=cause.node_id,
-                observed_at=cause.observed_at,
-            )
-            j.set_state(JobState.RECOVERING, f"{cause.kind.value}: {cause.category.value}")
-            marked = True
-            return True
-
-        updated = await self.state.update_job(cause.job_id, mark)
+        if state_change is not None:
+            await self.bus.publish_event(state_change)
         log.warning(
             "failure detected",
             kind=cause.kind.value,
             category=cause.category.value,
             severity=severity.value,
+            action=action.value,
             rank=cause.rank,
             latency_s=round(failure.detected_at - cause.observed_at, 4),
         )
-        event = JobStateChanged.between(job, updated) if updated and marked else None
-        if event is not None:
-            await self.bus.publish_event(event)
+        await self.health.blame(failure)
         return failure
+
+    async def _mark_job(self, job: Job, failure: FailureDetected) -> JobStateChanged | None:
+        marked = False
+
+        def mark(j: Job) -> bool:
+            nonlocal marked
+            marked = False
+            if j.generation != failure.generation or _already_recorded(j, failure.generation):
+                return False
+            j.last_failure = FailureRecord(
+                failure_id=failure.failure_id,
+                generation=failure.generation,
+                kind=failure.kind.value,
+                category=failure.category.value,
+                severity=failure.severity.value,
+                action=failure.action.value,
+                rank=failure.rank,
+                node_id=failure.node_id,
+                observed_at=failure.observed_at,
+            )
+            j.set_state(JobState.RECOVERING, f"{failure.kind.value}: {failure.category.value}")
+            marked = True
+            return True
+
+        updated = await self.state.update_job(job.id, mark)
+        return JobStateChanged.between(job, updated) if updated and marked else None

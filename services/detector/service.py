@@ -1,4 +1,4 @@
-"""Detector service wiring: consumes worker reports, watches node heartbeats, reconciles.
+"""Detector service wiring: worker reports and heartbeats in, one ``failure.detected`` per fault.
 
 Level-triggered: a failed worker that the event path missed (say the detector was down) is still
 found by the periodic reconcile from the job records in Redis.
@@ -10,45 +10,58 @@ import asyncio
 import contextlib
 
 from services.detector.correlate import Correlator
+from services.detector.liveness import Liveness
 from services.detector.nodes import NodeMonitor
+from services.detector.quarantine import NodeHealth
 from services.detector.record import FailureRecorder
 from services.detector.settings import DetectorSettings
-from services.detector.signals import Candidate, from_exception, from_exit
+from services.detector.signals import Candidate, from_exception, from_exit, from_hang
+from services.detector.stragglers import StragglerWatch
 from shared.bus import Bus
 from shared.logging import get_logger
 from shared.messages import (
     REPORT_SUBJECT_PREFIX,
     WORKER_REPORT,
+    AnyWorkerReport,
     StepCompleted,
     WorkerException,
     WorkerExited,
-    WorkerStarted,
+    WorkerHung,
 )
 from shared.models import JobState, WorkerState
 from shared.state import StateStore
 from shared.taxonomy import FailureCategory, FailureKind
 
-Report = WorkerStarted | WorkerExited | StepCompleted | WorkerException
 log = get_logger()
+CONSUMED_REPORTS = ("worker_exited", "worker_exception", "worker_hung", "step_completed")
 
 
 class Detector:
     def __init__(self, bus: Bus, state: StateStore, settings: DetectorSettings) -> None:
         self.state = state
         self.settings = settings
-        self.recorder = FailureRecorder(bus, state)
-        self.correlator = Correlator(settings.correlation_window_s, self._emit)
+        self.health = NodeHealth(bus, state, settings)
+        self.recorder = FailureRecorder(bus, state, settings, self.health)
+        self.liveness = Liveness(bus, state, settings)
+        self.correlator = Correlator(settings.correlation_window_s, self._emit, self.liveness.hold)
         self.nodes = NodeMonitor(bus, state, self.correlator, settings.node_timeout_s)
+        # Stragglers are advisory: they bypass correlation so a later fault is still reported.
+        self.stragglers = StragglerWatch(settings, self._emit)
 
     async def _emit(self, cause: Candidate) -> None:
         await self.recorder.record(cause)
 
-    async def on_report(self, report: Report) -> None:
+    async def on_report(self, report: AnyWorkerReport) -> None:
+        if isinstance(report, StepCompleted):
+            await self.stragglers.on_step(report)
+            return
         candidate: Candidate | None = None
         if isinstance(report, WorkerExited):
             candidate = from_exit(report)
         elif isinstance(report, WorkerException):
             candidate = from_exception(report)
+        elif isinstance(report, WorkerHung):
+            candidate = from_hang(report)
         if candidate is not None:
             await self.correlator.add(candidate)
 
@@ -57,29 +70,30 @@ class Detector:
         for job in await self.state.list_jobs():
             if job.state not in (JobState.RUNNING, JobState.STARTING) or job.needs_recovery():
                 continue
-            for worker in job.workers:
-                if worker.state == WorkerState.FAILED:
-                    await self.correlator.add(
-                        Candidate(
-                            job_id=job.id,
-                            generation=job.generation,
-                            node_id=worker.node_id,
-                            rank=worker.rank,
-                            kind=FailureKind.EXIT,
-                            category=FailureCategory.EXITED_ABNORMALLY,
-                            observed_at=job.history[-1].at if job.history else job.submitted_at,
-                            evidence={"exit_code": worker.exit_code, "found_by": "reconcile"},
-                        )
-                    )
-                    break
+            failed = next((w for w in job.workers if w.state == WorkerState.FAILED), None)
+            if failed is None:
+                continue
+            await self.correlator.add(
+                Candidate(
+                    job_id=job.id,
+                    generation=job.generation,
+                    node_id=failed.node_id,
+                    rank=failed.rank,
+                    kind=FailureKind.EXIT,
+                    category=FailureCategory.EXITED_ABNORMALLY,
+                    observed_at=job.history[-1].at if job.history else job.submitted_at,
+                    evidence={"exit_code": failed.exit_code, "found_by": "reconcile"},
+                )
+            )
 
     async def watch(self, stop: asyncio.Event) -> None:
-        next_reconcile = 0.0
         loop = asyncio.get_running_loop()
+        next_reconcile = 0.0
         while not stop.is_set():
             try:
                 await self.nodes.check()
                 if loop.time() >= next_reconcile:
+                    await self.health.review()
                     await self.reconcile()
                     next_reconcile = loop.time() + self.settings.reconcile_interval_s
             except Exception:
@@ -90,12 +104,13 @@ class Detector:
 
 async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: DetectorSettings) -> None:
     detector = Detector(bus, state, settings)
-    for kind in ("worker_exited", "worker_exception"):
+    for kind in CONSUMED_REPORTS:
         await bus.consume(
             f"{REPORT_SUBJECT_PREFIX}*.{kind}",
             durable=f"detector-{kind}",
             parse=WORKER_REPORT.validate_json,
             handler=detector.on_report,
+            deliver_new=kind == "step_completed",  # telemetry is only useful live
         )
     try:
         await detector.watch(stop)

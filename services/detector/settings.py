@@ -7,5 +7,20 @@ from shared.settings import CommonSettings
 
 class DetectorSettings(CommonSettings):
     correlation_window_s: float = 0.15
-    node_check_interval_s: float = 0.25
+    node_check_interval_s: float = 0.1
     reconcile_interval_s: float = 2.0
+    ping_timeout_s: float = 0.25
+    # Extra wait for the hung rank's own report after its peers' (see liveness.hold).
+    hang_grace_s: float = 0.5
+    # A failure of the generation that recovered from another within this window escalates.
+    escalation_window_s: float = 300.0
+    # This many node-attributable failures within the window quarantine the node.
+    quarantine_threshold: int = 3
+    quarantine_window_s: float = 600.0
+    quarantine_cooldown_s: float = 600.0
+    # Straggler: a rank whose median compute time is this many times its peers', for
+    # ``straggler_patience`` evaluations in a row, over a window of recent steps.
+    straggler_ratio: float = 1.5
+    straggler_min_excess_s: float = 0.005
+    straggler_window: int = 8
+    straggler_patience: int = 5

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.messages import WorkerException, WorkerExited
+from shared.messages import WorkerException, WorkerExited, WorkerHung
 from shared.taxonomy import FailureCategory, FailureKind
 
 # Categories that survivors of a peer's death report; never preferred over a real cause.
@@ -49,9 +49,17 @@ class Candidate:
 
     @property
     def secondary(self) -> bool:
+        """Likely an effect of another rank's fault rather than a cause."""
+        if self.kind == FailureKind.HANG:
+            # Peers of a rank that hangs in its compute wait for it in the collective.
+            return self.evidence.get("phase") == "collective" and not self.stopped
         return self.category in SECONDARY_CATEGORIES or (
             self.kind == FailureKind.EXIT and self.evidence.get("exit_code") == 1
         )
+
+    @property
+    def stopped(self) -> bool:
+        return self.evidence.get("process_state") == "T"
 
     @property
     def priority(self) -> tuple[int, int, float]:
@@ -93,6 +101,27 @@ def from_exception(report: WorkerException) -> Candidate:
             "exc_type": report.exc_type,
             "message": report.message[:2000],
             "step": report.step,
+        },
+    )
+
+
+def from_hang(report: WorkerHung) -> Candidate:
+    return Candidate(
+        job_id=report.job_id,
+        generation=report.generation,
+        node_id=report.node_id,
+        rank=report.rank,
+        kind=FailureKind.HANG,
+        category=FailureCategory.TASK_HANG,
+        observed_at=report.at,
+        evidence={
+            "pid": report.pid,
+            "silent_s": round(report.silent_s, 3),
+            "threshold_s": round(report.threshold_s, 3),
+            "mean_iteration_s": report.mean_iteration_s,
+            "process_state": report.process_state,
+            "phase": report.phase,
+            "last_step": report.last_step,
         },
     )
 

@@ -11,11 +11,16 @@ from collections.abc import Callable
 from shared.bus import Bus
 from shared.events import JobStateChanged, TransitionCompleted
 from shared.logging import get_logger
-from shared.messages import StepCompleted, WorkerException, WorkerExited, WorkerStarted
+from shared.messages import (
+    AnyWorkerReport,
+    StepCompleted,
+    WorkerExited,
+    WorkerStarted,
+)
 from shared.models import Job, JobState, PlanAction, WorkerState
 from shared.state import StateStore
 
-Report = WorkerStarted | WorkerExited | StepCompleted | WorkerException
+Report = AnyWorkerReport
 _TRANSITIONING = (JobState.STARTING, JobState.RECOVERING)
 _Change = Callable[[Job], bool]
 

@@ -1,0 +1,70 @@
+"""Is a job's node still there? Asked when only secondary symptoms (connection errors) are in.
+
+Survivors of a dead node report connection errors within milliseconds, long before the node's
+heartbeats count as missed. An agent answers a core-NATS ping while its process lives; a node
+that does not answer may be the root cause, so the correlator waits for the heartbeat verdict
+(``node.lost``) instead of blaming the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from services.detector.settings import DetectorSettings
+from services.detector.signals import Candidate
+from shared.bus import Bus
+from shared.messages import ping_subject
+from shared.models import NodeState, WorkerState, now
+from shared.state import StateStore
+from shared.taxonomy import FailureKind
+
+
+class Liveness:
+    def __init__(self, bus: Bus, state: StateStore, settings: DetectorSettings) -> None:
+        self.bus = bus
+        self.state = state
+        self.settings = settings
+
+    async def answers(self, node_id: str) -> bool:
+        try:
+            await self.bus.nc.request(
+                ping_subject(node_id), b"", timeout=self.settings.ping_timeout_s
+            )
+        except (NoRespondersError, NatsTimeoutError, TimeoutError):
+            return False
+        return True
+
+    async def hold(self, candidates: list[Candidate]) -> float:
+        """Seconds to keep waiting for a better root cause than ``candidates``."""
+        if not candidates:
+            return 0.0
+        job = await self.state.get_job(candidates[0].job_id)
+        if job is None or job.generation != candidates[0].generation:
+            return 0.0
+        live = {
+            w.node_id
+            for w in job.workers
+            if w.state in (WorkerState.LAUNCHING, WorkerState.RUNNING)
+        }
+        replies = await asyncio.gather(*(self.answers(n) for n in sorted(live)))
+        silent = [n for n, ok in zip(sorted(live), replies, strict=True) if not ok]
+        if silent:
+            return await self._until_verdict(silent)
+        reporters = {c.rank for c in candidates}
+        if all(c.kind == FailureKind.HANG for c in candidates) and len(reporters) < len(live):
+            # The rank that hangs in its compute reports within a check interval of its peers.
+            return self.settings.hang_grace_s
+        return 0.0
+
+    async def _until_verdict(self, node_ids: list[str]) -> float:
+        waits = []
+        for node_id in node_ids:
+            node = await self.state.get_node(node_id)
+            if node is None or node.state != NodeState.READY:
+                continue  # already judged; its candidate is on its way
+            remaining = self.settings.node_timeout_s - (now() - node.last_heartbeat)
+            waits.append(remaining + 2 * self.settings.node_check_interval_s)
+        return max(0.0, min(max(waits, default=0.0), self.settings.node_timeout_s + 1.0))

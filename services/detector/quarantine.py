@@ -1,0 +1,105 @@
+"""Node health beyond heartbeats: quarantine of nodes that fail repeatedly, and its end.
+
+Failures that point at the machine (a crash, a hang, a lost node, a straggler, GPU hardware
+errors) are counted per node in Redis; ``quarantine_threshold`` of them within the window put the
+node in QUARANTINED for a cooldown, during which the planner does not use it. The periodic
+``review`` ends quarantines and restores LOST nodes whose heartbeats came back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.detector.settings import DetectorSettings
+from shared.bus import Bus
+from shared.events import FailureDetected, NodeStateChanged
+from shared.logging import get_logger
+from shared.models import NodeRecord, NodeState, now
+from shared.state import StateStore
+from shared.taxonomy import FailureCategory, FailureKind
+
+_Mutation = Callable[[NodeRecord], bool]
+
+_NODE_KINDS = frozenset(
+    {FailureKind.CRASH, FailureKind.HANG, FailureKind.NODE_LOST, FailureKind.STRAGGLER}
+)
+_NODE_CATEGORIES = frozenset(
+    {
+        FailureCategory.ECC,
+        FailureCategory.NVLINK,
+        FailureCategory.INVALID_DMA,
+        FailureCategory.GPU_DRIVER,
+        FailureCategory.ILLEGAL_MEMORY,
+        FailureCategory.CUDA_ERROR,
+        FailureCategory.LINK_FLAPPING,
+    }
+)
+
+
+def blames_node(failure: FailureDetected) -> bool:
+    return failure.node_id is not None and (
+        failure.kind in _NODE_KINDS or failure.category in _NODE_CATEGORIES
+    )
+
+
+class NodeHealth:
+    def __init__(self, bus: Bus, state: StateStore, settings: DetectorSettings) -> None:
+        self.bus = bus
+        self.state = state
+        self.settings = settings
+
+    async def blame(self, failure: FailureDetected) -> None:
+        if not blames_node(failure) or failure.node_id is None:
+            return
+        count = await self.state.record_node_failure(
+            failure.node_id, failure.failure_id, failure.observed_at,
+            self.settings.quarantine_window_s,
+        )  # fmt: skip
+        if count >= self.settings.quarantine_threshold:
+            await self._quarantine(failure.node_id, count)
+
+    async def _quarantine(self, node_id: str, count: int) -> None:
+        until = now() + self.settings.quarantine_cooldown_s
+
+        def mark(node: NodeRecord) -> bool:
+            if node.state not in (NodeState.READY, NodeState.LOST):
+                return False
+            node.state = NodeState.QUARANTINED
+            node.quarantined_until = until
+            return True
+
+        reason = f"{count} failures within {self.settings.quarantine_window_s:.0f}s"
+        await self._change(node_id, mark, reason)
+
+    async def review(self) -> None:
+        at = now()
+        for node in await self.state.list_nodes():
+            fresh = at - node.last_heartbeat <= self.settings.node_timeout_s
+            expired = node.quarantined_until is not None and node.quarantined_until <= at
+            if node.state == NodeState.QUARANTINED and expired:
+                await self._change(node.id, _release(fresh, at), "quarantine ended")
+            elif node.state == NodeState.LOST and fresh:
+                await self._change(node.id, _release(True, at), "heartbeats resumed")
+
+    async def _change(self, node_id: str, mutate: _Mutation, reason: str) -> None:
+        before = await self.state.get_node(node_id)
+        after = await self.state.update_node(node_id, mutate)
+        if before is None or after is None or before.state == after.state:
+            return
+        get_logger(node_id=node_id).warning(
+            "node state changed", old=before.state.value, new=after.state.value, reason=reason
+        )
+        await self.bus.publish_event(
+            NodeStateChanged(node_id=node_id, old=before.state, new=after.state, reason=reason)
+        )
+
+
+def _release(fresh: bool, at: float) -> _Mutation:
+    def mutate(node: NodeRecord) -> bool:
+        if node.state == NodeState.QUARANTINED and (node.quarantined_until or 0) > at:
+            return False
+        node.state = NodeState.READY if fresh else NodeState.LOST
+        node.quarantined_until = None
+        return True
+
+    return mutate

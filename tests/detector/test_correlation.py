@@ -1,0 +1,145 @@
+"""One fault, one failure: the detector names the root cause among the reports a fault causes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.bus import Bus
+from shared.events import CloudEvent
+from shared.messages import WorkerException, WorkerExited, WorkerHung
+from shared.models import NodeState
+from shared.state import StateStore
+from tests.detector.conftest import Cluster, next_event, no_event
+
+FOUR_RANKS = ["node-0", "node-0", "node-1", "node-1"]
+
+
+def reset_by_peer(job: str, rank: int, node: str, gen: int = 1) -> WorkerException:
+    return WorkerException(
+        node_id=node, job_id=job, generation=gen, rank=rank, pid=1000 + rank,
+        exc_type="RuntimeError", category="connection_reset",
+        message="[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+        "[127.0.0.1]:41234: Connection reset by peer",
+    )  # fmt: skip
+
+
+async def test_killed_rank_is_reported_once_not_its_peers(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    for node in ("node-0", "node-1"):
+        await cluster.add_node(node)
+    await cluster.add_job("job-a", FOUR_RANKS)
+    for rank in (0, 2, 3):
+        await bus.publish_report(reset_by_peer("job-a", rank, FOUR_RANKS[rank]))
+    await bus.publish_report(
+        WorkerExited(node_id="node-0", job_id="job-a", generation=1, rank=1, pid=1001,
+                     exit_code=None, signal=9)
+    )  # fmt: skip
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["kind"], failure["rank"], failure["severity"], failure["action"]) == (
+        "crash", 1, "SEV2", "restart",
+    )  # fmt: skip
+    for rank in (0, 2, 3):  # the survivors exit after their errors: still the same fault
+        await bus.publish_report(
+            WorkerExited(node_id=FOUR_RANKS[rank], job_id="job-a", generation=1, rank=rank,
+                         pid=1000 + rank, exit_code=1)
+        )  # fmt: skip
+    await no_event(events, "failure.detected", within_s=1.0)
+
+
+async def test_connection_errors_alone_are_a_sev3_reattempt(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], state: StateStore
+) -> None:
+    for node in ("node-0", "node-1"):
+        await cluster.add_node(node)
+    await cluster.add_job("job-b", FOUR_RANKS)
+    await bus.publish_report(reset_by_peer("job-b", 2, "node-1"))
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["category"], failure["severity"], failure["action"]) == (
+        "connection_reset", "SEV3", "reattempt",
+    )  # fmt: skip
+    job = await state.get_job("job-b")
+    assert job is not None and job.state.value == "RECOVERING"
+    assert job.last_failure is not None and job.last_failure.category == "connection_reset"
+
+
+async def test_in_band_exception_keeps_its_category(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-c", ["node-0", "node-0"])
+    await bus.publish_report(
+        WorkerException(node_id="node-0", job_id="job-c", generation=1, rank=0, pid=1000,
+                        exc_type="RuntimeError", category="ecc",
+                        message="CUDA error: uncorrectable ECC error encountered")
+    )  # fmt: skip
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["kind"], failure["category"], failure["severity"], failure["action"]) == (
+        "exception", "ecc", "SEV1", "reconfigure",
+    )  # fmt: skip
+    assert "ECC" in failure["evidence"]["message"]
+
+
+def hung(job: str, rank: int, node: str, phase: str, state: str = "S") -> WorkerHung:
+    return WorkerHung(
+        node_id=node, job_id=job, generation=1, rank=rank, pid=1000 + rank, silent_s=0.8,
+        threshold_s=0.7, mean_iteration_s=0.06, process_state=state, phase=phase, last_step=30,
+    )  # fmt: skip
+
+
+async def test_hang_names_the_rank_stuck_in_compute(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    for node in ("node-0", "node-1"):
+        await cluster.add_node(node)
+    await cluster.add_job("job-d", FOUR_RANKS)
+    for rank in (0, 1, 3):
+        await bus.publish_report(hung("job-d", rank, FOUR_RANKS[rank], "collective"))
+    await bus.publish_report(hung("job-d", 2, "node-1", "compute"))
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["kind"], failure["category"], failure["rank"], failure["severity"]) == (
+        "hang", "task_hang", 2, "SEV2",
+    )  # fmt: skip
+    await no_event(events, "failure.detected", within_s=0.8)
+
+
+async def test_stopped_process_is_a_hang_reported_at_once(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-e", ["node-0", "node-0"])
+    await bus.publish_report(hung("job-e", 1, "node-0", "collective", state="T"))
+    failure = (await next_event(events, "failure.detected", timeout_s=1.0)).data
+    assert (failure["kind"], failure["rank"]) == ("hang", 1)
+    assert failure["evidence"]["process_state"] == "T"
+
+
+async def test_lost_node_is_the_root_cause_not_the_network(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], state: StateStore
+) -> None:
+    for node in ("node-0", "node-1"):
+        await cluster.add_node(node)
+    await cluster.add_job("job-f", FOUR_RANKS)
+    cluster.kill_agent("node-1")  # heartbeats and pings stop; its workers die with it
+    await bus.publish_report(reset_by_peer("job-f", 0, "node-0"))
+    lost = (await next_event(events, "node.lost", timeout_s=5.0)).data
+    assert lost["node_id"] == "node-1"
+    failure = (await next_event(events, "failure.detected", timeout_s=2.0)).data
+    assert (failure["kind"], failure["category"], failure["node_id"], failure["severity"]) == (
+        "node_lost", "node_down", "node-1", "SEV1",
+    )  # fmt: skip
+    assert failure["evidence"]["ranks"] == [2, 3]
+    node = await state.get_node("node-1")
+    assert node is not None and node.state == NodeState.LOST
+
+
+async def test_report_of_an_old_generation_is_ignored(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-g", ["node-0"], generation=3)
+    await bus.publish_report(
+        WorkerExited(node_id="node-0", job_id="job-g", generation=2, rank=0, pid=1, signal=9,
+                     exit_code=None)
+    )  # fmt: skip
+    await no_event(events, "failure.detected", within_s=0.7)

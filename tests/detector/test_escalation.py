@@ -1,0 +1,88 @@
+"""Escalation of repeated failures, quarantine of failing nodes, and fail-slow ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from shared.bus import Bus
+from shared.events import CloudEvent
+from shared.messages import StepCompleted, WorkerExited
+from shared.models import FailureRecord, NodeState, now
+from shared.state import StateStore
+from tests.detector.conftest import Cluster, next_event, no_event
+from tests.detector.test_correlation import reset_by_peer
+
+
+async def test_failure_after_a_reattempt_escalates_to_restart(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    await cluster.add_node("node-0")
+    earlier = FailureRecord(
+        failure_id="job-h:1", generation=1, kind="exception", category="connection_reset",
+        severity="SEV3", action="reattempt", observed_at=now() - 5, rank=0, node_id="node-0",
+    )  # fmt: skip
+    await cluster.add_job("job-h", ["node-0", "node-0"], generation=2, last_failure=earlier)
+    await bus.publish_report(reset_by_peer("job-h", 1, "node-0", gen=2))
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["severity"], failure["action"]) == ("SEV2", "restart")
+    assert failure["evidence"]["escalated_from"] == "reattempt"
+
+
+async def test_node_failing_repeatedly_is_quarantined_then_released(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], state: StateStore
+) -> None:
+    await cluster.add_node("node-0")
+    for index in range(3):
+        await cluster.add_job(f"job-q{index}", ["node-0"])
+        await bus.publish_report(
+            WorkerExited(node_id="node-0", job_id=f"job-q{index}", generation=1, rank=0,
+                         pid=1000, exit_code=None, signal=9)
+        )  # fmt: skip
+    change = (await next_event(events, "node.state_changed")).data
+    assert (change["node_id"], change["old"], change["new"]) == ("node-0", "READY", "QUARANTINED")
+    node = await state.get_node("node-0")
+    assert node is not None and node.state == NodeState.QUARANTINED
+    assert node.quarantined_until is not None and node.quarantined_until > now()
+    released = (await next_event(events, "node.state_changed", timeout_s=4.0)).data
+    assert (released["old"], released["new"]) == ("QUARANTINED", "READY")
+
+
+def step(job: str, rank: int, index: int, compute_s: float) -> StepCompleted:
+    return StepCompleted(
+        node_id=f"node-{rank // 2}", job_id=job, generation=1, rank=rank, step=index,
+        loss=1.0, iteration_s=0.1, compute_s=compute_s,
+    )  # fmt: skip
+
+
+async def test_straggler_is_named_within_30_steps_and_job_keeps_running(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], state: StateStore
+) -> None:
+    for node in ("node-0", "node-1"):
+        await cluster.add_node(node)
+    await cluster.add_job("job-s", ["node-0", "node-0", "node-1", "node-1"])
+    noise = random.Random(7)
+    for index in range(1, 41):
+        for rank in range(4):
+            base = 0.04 * (2.0 if rank == 2 else 1.0)
+            await bus.publish_report(step("job-s", rank, index, base * noise.uniform(0.7, 1.6)))
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["kind"], failure["rank"], failure["action"]) == ("straggler", 2, "report")
+    assert failure["evidence"]["step"] <= 30
+    job = await state.get_job("job-s")
+    assert job is not None and job.state.value == "RUNNING"
+
+
+async def test_noisy_healthy_ranks_are_not_stragglers(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-n", ["node-0", "node-0", "node-1", "node-1"])
+    noise = random.Random(11)
+    for index in range(1, 201):
+        for rank in range(4):
+            spike = 3.0 if noise.random() < 0.05 else 1.0  # the other core's bursts
+            await bus.publish_report(
+                step("job-n", rank, index, 0.04 * spike * noise.uniform(0.7, 1.4))
+            )
+    await no_event(events, "failure.detected", within_s=1.0)
