@@ -84,9 +84,14 @@ def parse_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
 
 
 class ApiClient:
-    def __init__(self, base_url: str = DEFAULT_API_URL, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str = DEFAULT_API_URL, timeout_s: float = 10.0, token: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        # On the client itself, so every request sends it, including streams and callers
+        # that use ``http`` directly.
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def __enter__(self) -> ApiClient:
         return self
@@ -123,6 +128,12 @@ class ApiClient:
 
     def cancel(self, job_id: str) -> Job:
         return Job.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
+
+    def inject_fault(self, job_id: str, fault: dict[str, Any]) -> dict[str, Any]:
+        """Send a FaultSpec; returns where it went: ``{fault_id, node_id, generation, …}``."""
+        response = self._request("POST", f"/v1/jobs/{job_id}/faults", json=fault)
+        accepted: dict[str, Any] = response.json()
+        return accepted
 
     def nodes(self) -> list[NodeRecord]:
         return [NodeRecord.model_validate(n) for n in self._request("GET", "/v1/nodes").json()]

@@ -1,4 +1,5 @@
-"""What every client command shares: the ``--api`` option, consoles, errors → exit codes.
+"""What every client command shares: the ``--api`` option, the global ``--token``, consoles,
+errors → exit codes.
 
 Exit codes: 0 success; 1 a followed job ended without succeeding; 2 the request was refused
 (bad input, unknown job, conflict: fix the command); 3 the API is unreachable or failed.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Annotated, NoReturn
 
 import typer
@@ -19,9 +21,23 @@ EXIT_JOB_UNSUCCESSFUL = 1
 EXIT_REFUSED = 2
 EXIT_UNAVAILABLE = 3
 
+# Where the global --token waits for the subcommand, so ``api()`` finds it without each
+# command declaring the option. A context variable, not a global: tests run several
+# invocations in threads of one process.
+_token: ContextVar[str | None] = ContextVar("unicron_api_token", default=None)
+
 ApiUrl = Annotated[
     str,
     typer.Option("--api", envvar="UNICRON_API_URL", help="Base URL of the Unicron REST API."),
+]
+ApiToken = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="UNICRON_API_TOKEN",
+        help="Bearer token for an API that has tokens configured.",
+        show_default=False,  # never print a secret in --help
+    ),
 ]
 
 
@@ -35,11 +51,20 @@ def fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+def global_options(token: ApiToken = None) -> None:
+    """Options given before the command, for every client command; an empty token (say, an
+    exported but blank UNICRON_API_TOKEN) means none."""
+    if token and (not (token.isascii() and token.isprintable()) or " " in token):
+        fail("--token must be printable ASCII without spaces", EXIT_REFUSED)
+    _token.set(token or None)  # always set: the previous invocation's token must not linger
+
+
 @contextmanager
-def api(url: str) -> Iterator[ApiClient]:
-    """A client whose failures end the command with a message and the matching exit code."""
+def api(url: str, token: str | None = None) -> Iterator[ApiClient]:
+    """A client whose failures end the command with a message and the matching exit code;
+    it sends ``token``, or else the global --token."""
     try:
-        with ApiClient(url) as client:
+        with ApiClient(url, token=token or _token.get()) as client:
             yield client
     except ApiUnreachable as exc:
         hint = "is it running? start it with `unicron up`, or pass --api URL"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import typer
 
 from cli.cluster import events, nodes
+from cli.common import global_options
 from cli.demo import demo
+from cli.faults import fault
 from cli.jobs import cancel, status, submit
 from cli.stack import up
 
@@ -18,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
+app.callback()(global_options)
 app.command()(up)
 app.command()(demo)
 app.command()(submit)
@@ -25,6 +28,7 @@ app.command()(status)
 app.command()(cancel)
 app.command()(nodes)
 app.command()(events)
+app.command()(fault)
 
 
 if __name__ == "__main__":

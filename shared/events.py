@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.models import Job, JobSpec, JobState, PlanAction, new_id, now
+from shared.models import Job, JobSpec, JobState, NodeState, PlanAction, new_id, now
 from shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 EVENT_SUBJECT_PREFIX = "unicron.events."
@@ -155,6 +155,20 @@ class NodeLost(EventData):
         return f"{self.TYPE}:{self.node_id}:{self.boot_id}:{self.last_heartbeat:.3f}"
 
 
+class NodeStateChanged(EventData):
+    """A node moved between states: repaired (LOST → READY), quarantined, quarantine ended…"""
+
+    TYPE: ClassVar[str] = "node.state_changed"
+    node_id: str
+    old: NodeState
+    new: NodeState
+    reason: str = ""
+    at: float = Field(default_factory=now)
+
+    def default_id(self) -> str:
+        return f"{self.TYPE}:{self.node_id}:{self.old.value}:{self.new.value}:{self.at:.3f}"
+
+
 EVENT_TYPES: dict[str, type[EventData]] = {
     cls.TYPE: cls
     for cls in (
@@ -166,6 +180,7 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         TransitionCompleted,
         NodeJoined,
         NodeLost,
+        NodeStateChanged,
     )
 }
 

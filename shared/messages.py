@@ -9,9 +9,17 @@ are. Every message is a member of a discriminated union, so one ``TypeAdapter`` 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+    model_validator,
+)
 
 from shared.models import JobSpec, new_id, now
 
@@ -84,6 +92,13 @@ class FaultKind(str, Enum):
     SLOW = "slow"  # multiply this rank's compute time by ``slowdown``
 
 
+_FIELD_KINDS = {
+    "message": FaultKind.EXCEPTION,
+    "exit_code": FaultKind.EXIT,
+    "slowdown": FaultKind.SLOW,
+}
+
+
 class FaultSpec(_Message):
     """A fault to inject: the body of ``POST /v1/jobs/{id}/faults``."""
 
@@ -103,6 +118,15 @@ class FaultSpec(_Message):
         if self.kind != FaultKind.SLOW and "slowdown" in self.model_fields_set:
             raise ValueError("slowdown applies to kind 'slow' only")
         return self
+
+    @model_serializer(mode="wrap")
+    def _only_fields_of_kind(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Defaults of other kinds' fields would read back as set and fail the check above.
+        data: dict[str, Any] = handler(self)
+        for name, kind in _FIELD_KINDS.items():
+            if self.kind != kind:
+                data.pop(name, None)
+        return data
 
 
 class InjectFault(_Message):

@@ -3,21 +3,55 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.settings import CommonSettings
+
+Role = Literal["admin", "user"]
+# A bearer token is the whole secret: a short one can be guessed by trying.
+MIN_TOKEN_CHARS = 16
+
+
+class TokenGrant(BaseModel):
+    """What one API token may do: its role, and the tenant whose jobs it sees and submits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Role
+    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class ApiSettings(CommonSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # ``UNICRON_API_TOKENS``: JSON ``{"<token>": {"role": "admin"|"user", "tenant": "<name>"}}``.
+    # Empty (the dev default) leaves every call open, so the API then binds loopback only.
+    # repr=False: the tokens are secrets and settings objects end up in logs and tracebacks.
+    api_tokens: dict[str, TokenGrant] = Field(default_factory=dict, repr=False)
     # A non-loopback bind without tokens exposes job control to the network; the operator must
-    # say so explicitly until bearer tokens exist.
+    # say so explicitly.
     api_allow_unauthenticated_bind: bool = False
     # Proxies and load balancers drop idle connections after 30-60 s; a ping every 15 s keeps
     # an SSE stream open and lets the server notice clients that went away.
     api_sse_ping_s: float = 15.0
     # How long the lifespan retries NATS and Redis before the service gives up starting.
     api_connect_timeout_s: float = 30.0
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _usable_tokens(cls, tokens: dict[str, TokenGrant]) -> dict[str, TokenGrant]:
+        for n, token in enumerate(tokens, start=1):  # by position: never echo a secret
+            if len(token) < MIN_TOKEN_CHARS:
+                raise ValueError(f"token #{n} is shorter than {MIN_TOKEN_CHARS} characters")
+            if not (token.isascii() and token.isprintable()) or " " in token:
+                raise ValueError(f"token #{n} must be printable ASCII without spaces")
+        return tokens
+
+    @property
+    def tokens_required(self) -> bool:
+        return bool(self.api_tokens)
 
     @property
     def loopback_only(self) -> bool:

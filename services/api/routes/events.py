@@ -3,26 +3,33 @@
 The SSE ``id`` is the JetStream stream sequence, so a client that reconnects with
 ``Last-Event-ID`` (browsers do this by themselves) resumes exactly after the last event it saw.
 With ``follow=false`` the stream ends after the events stored when the request arrived.
+A user (as opposed to an admin) sees only the events of its tenant's jobs and of nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, status
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from services.api.deps import BusDep, SettingsDep
+from services.api.access import Caller, Principal, may_see
+from services.api.deps import BusDep, SettingsDep, StateDep
 from shared.bus import Bus
+from shared.events import CloudEvent
+from shared.state import StateStore
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
 EVENTS_STREAM = "UNICRON_EVENTS"
 # In history mode stored events arrive back to back; a longer silence means the remaining
 # messages were malformed ones that the bus skips, and waiting on would never end.
 HISTORY_IDLE_S = 2.0
+# A long stream remembers which jobs it may show; past this many it starts over.
+VISIBILITY_CACHE = 10_000
+Visible = Callable[[CloudEvent], Awaitable[bool]]
 
 
 def _start_after(since: int | None, last_event_id: str | None, follow: bool) -> int | None:
@@ -45,7 +52,30 @@ async def _history_end(bus: Bus) -> int:
     return int(info.state.last_seq)
 
 
-async def _sse(bus: Bus, after: int | None, end: int | None) -> AsyncIterator[ServerSentEvent]:
+def visibility(caller: Caller, state: StateStore) -> Visible:
+    """Whether ``caller`` may see an event: an admin all; a user those about its tenant's jobs
+    and about nodes, but not plans, which list every tenant's jobs."""
+    seen: dict[str, bool] = {}  # a job's tenant never changes, so an answer stays true
+
+    async def visible(event: CloudEvent) -> bool:
+        if caller.admin:
+            return True
+        job_id = event.data.get("job_id")
+        if not isinstance(job_id, str):
+            return event.type.startswith("node.")
+        if job_id not in seen:
+            if len(seen) >= VISIBILITY_CACHE:
+                seen.clear()
+            job = await state.get_job(job_id)
+            seen[job_id] = job is not None and may_see(caller, job)
+        return seen[job_id]
+
+    return visible
+
+
+async def _sse(
+    bus: Bus, after: int | None, end: int | None, visible: Visible
+) -> AsyncIterator[ServerSentEvent]:
     if end is not None and (after or 0) >= end:
         return
     # tail_events is an async generator: closing it promptly removes its NATS consumer.
@@ -58,7 +88,8 @@ async def _sse(bus: Bus, after: int | None, end: int | None) -> AsyncIterator[Se
                     seq, event = await asyncio.wait_for(anext(events), HISTORY_IDLE_S)
                 except TimeoutError:
                     return
-            yield ServerSentEvent(event.model_dump_json(), id=str(seq), event=event.type)
+            if await visible(event):
+                yield ServerSentEvent(event.model_dump_json(), id=str(seq), event=event.type)
             if end is not None and seq >= end:
                 return
 
@@ -67,6 +98,8 @@ async def _sse(bus: Bus, after: int | None, end: int | None) -> AsyncIterator[Se
 async def stream_events(
     bus: BusDep,
     settings: SettingsDep,
+    state: StateDep,
+    caller: Principal,
     since: Annotated[int | None, Query(ge=0, description="replay after this sequence")] = None,
     follow: Annotated[bool, Query(description="keep streaming new events")] = True,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -74,5 +107,7 @@ async def stream_events(
     after = _start_after(since, last_event_id, follow)
     end = None if follow else await _history_end(bus)
     return EventSourceResponse(
-        _sse(bus, after, end), ping=settings.api_sse_ping_s, send_timeout=30.0
+        _sse(bus, after, end, visibility(caller, state)),
+        ping=settings.api_sse_ping_s,
+        send_timeout=30.0,
     )

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 
+from services.api.access import Caller, Principal, may_see
 from services.api.deps import BusDep, StateDep
 from shared.events import JobStateChanged, JobSubmitted
 from shared.logging import get_logger
@@ -24,6 +25,20 @@ CANCEL_REASON = "cancelled by user"
 
 def _not_found(job_id: str) -> HTTPException:
     return HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id!r} not found")
+
+
+async def _visible_job(state: StateDep, caller: Caller, job_id: str) -> Job:
+    """The job, or 404 for one that does not exist or that the caller may not see: the same
+    answer, so a user cannot probe for other tenants' job ids."""
+    job = await state.get_job(job_id)
+    if job is None or not may_see(caller, job):
+        raise _not_found(job_id)
+    return job
+
+
+def _tenant_key(caller: Caller, key: str | None) -> str | None:
+    """Idempotency keys are per tenant: another tenant's key must not return its job."""
+    return key if key is None or caller.tenant is None else f"{caller.tenant}/{key}"
 
 
 async def _announce(bus: BusDep, event: JobSubmitted | JobStateChanged, job_id: str) -> None:
@@ -44,16 +59,19 @@ async def submit_job(
     response: Response,
     bus: BusDep,
     state: StateDep,
+    caller: Principal,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
 ) -> Job:
-    """Store a new PENDING job and announce it; a repeated Idempotency-Key returns the first."""
+    """Store a new PENDING job of the caller's tenant and announce it; a repeated
+    Idempotency-Key returns the first."""
     job = Job(
         id=new_id("job"),
         name=spec.name,
         spec=spec,
+        tenant=caller.tenant,
         history=[HistoryEntry(state=JobState.PENDING, reason="submitted")],
     )
-    job, created = await state.create_job(job, idempotency_key)
+    job, created = await state.create_job(job, _tenant_key(caller, idempotency_key))
     if not created:
         if job.spec != spec:  # a reused key must not silently hand back some other job
             raise HTTPException(
@@ -71,24 +89,24 @@ async def submit_job(
 
 @router.get("", response_model=list[Job])
 async def list_jobs(
-    state: StateDep, job_state: Annotated[JobState | None, Query(alias="state")] = None
+    state: StateDep,
+    caller: Principal,
+    job_state: Annotated[JobState | None, Query(alias="state")] = None,
 ) -> list[Job]:
-    """All jobs in submission order, or only those in ``?state=``."""
+    """The caller's jobs in submission order (an admin's: all), or only those in ``?state=``."""
     jobs = await state.list_jobs()
-    return [j for j in jobs if job_state is None or j.state == job_state]
+    return [j for j in jobs if may_see(caller, j) and job_state in (None, j.state)]
 
 
 @router.get("/{job_id}", response_model=Job)
-async def get_job(job_id: str, state: StateDep) -> Job:
-    job = await state.get_job(job_id)
-    if job is None:
-        raise _not_found(job_id)
-    return job
+async def get_job(job_id: str, state: StateDep, caller: Principal) -> Job:
+    return await _visible_job(state, caller, job_id)
 
 
 @router.post("/{job_id}/cancel", response_model=Job)
-async def cancel_job(job_id: str, bus: BusDep, state: StateDep) -> Job:
+async def cancel_job(job_id: str, bus: BusDep, state: StateDep, caller: Principal) -> Job:
     """Move the job to CANCELLED; the planner and executor then stop its workers."""
+    await _visible_job(state, caller, job_id)  # a job's tenant never changes: check it once
     before: list[JobState] = []
 
     def cancel(job: Job) -> bool:
