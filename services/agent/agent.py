@@ -1,9 +1,11 @@
 """The agent's service body: registers the node, heartbeats, and serves commands.
 
-On start it hosts the node's rendezvous store and the workers' local channel, registers a fresh
-``NodeRecord`` (a new boot keeps nothing of an old record but the id) and announces
-``node.joined``. The heartbeat only needs Redis and the outbox only needs NATS, so either
-going away stops neither; commands arrive on the node's durable consumer, one at a time.
+On start it hosts the node's rendezvous store and the workers' local channel, finds the node's
+GPUs, registers a fresh ``NodeRecord`` and announces ``node.joined``. A new boot keeps nothing
+of an old record but the id and an operator's decision: a drain, or a quarantine that has not
+run out (a restart must not lift it). The heartbeat only needs Redis and the outbox only needs
+NATS, so either going away stops neither; commands arrive on the node's durable consumer, one
+at a time. Hang detection watches the workers' steps for as long as the agent runs.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ import contextlib
 import uuid
 
 import structlog
+from nats.aio.msg import Msg
 
 from services.agent.channel import WorkerChannel
+from services.agent.faults import FaultInjector
+from services.agent.gpus import SlotPool, visible_devices
+from services.agent.hang import HangWatch
 from services.agent.outbox import Outbox
 from services.agent.registry import build_registry
 from services.agent.settings import AgentSettings
@@ -23,7 +29,14 @@ from services.agent.supervisor import CommandRejectedError, Supervisor
 from shared.bus import Bus
 from shared.events import NodeJoined
 from shared.logging import get_logger
-from shared.messages import AGENT_COMMAND, StartWorker, StopWorkers, command_subject
+from shared.messages import (
+    AGENT_COMMAND,
+    InjectFault,
+    StartWorker,
+    StopWorkers,
+    command_subject,
+    ping_subject,
+)
 from shared.models import NodeRecord, NodeState, now
 from shared.state import StateStore
 
@@ -49,32 +62,49 @@ class Agent:
             socket_path,
             self.outbox,
         )
+        self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
         self.channel = WorkerChannel(
             socket_path,
             self.node_id,
             self.outbox,
             identify=self.supervisor.identify,
             on_generation=self.supervisor.advance,
+            observe=self.hangs.observe,
         )
+        self.faults = FaultInjector(self.channel, self.supervisor)
+        self._hang_task: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         self.outbox.start()
         try:
             await self.store.start()
+            # after the store: torch is imported by then, and this needs it
+            devices = await asyncio.to_thread(visible_devices)
+            self.supervisor.slots = SlotPool(devices)
             await self.channel.start()
+            self._hang_task = asyncio.create_task(self.hangs.run(), name="hang-watch")
             await self._register_first()
+            # The detector pings agents to tell a dead node from a network error.
+            await self.bus.nc.subscribe(ping_subject(self.node_id), cb=self._pong)
             await self.bus.consume(
                 command_subject(self.node_id),
                 durable=f"agent-{self.node_id}",
                 parse=AGENT_COMMAND.validate_json,
                 handler=self.handle,
             )
-            log.info("agent ready", boot_id=self.boot_id, slots=self.settings.slots)
+            log.info("agent ready", boot_id=self.boot_id, slots=self.settings.slots, gpus=devices)
             await self._heartbeat_until(stop)
         finally:
             await self.close()
 
+    async def _pong(self, msg: Msg) -> None:
+        await msg.respond(self.boot_id.encode())
+
     async def close(self) -> None:
+        if self._hang_task is not None:  # workers killed on the way out are not hangs
+            self._hang_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._hang_task
         await self.supervisor.shutdown(self.settings.stop_wait_s)
         await self.channel.close()
         await self.outbox.close()  # lets the workers' exit reports go out first
@@ -82,7 +112,7 @@ class Agent:
 
     # --- commands ----------------------------------------------------------------------
 
-    async def handle(self, cmd: StartWorker | StopWorkers) -> None:
+    async def handle(self, cmd: StartWorker | StopWorkers | InjectFault) -> None:
         """Run one command; a command that can never succeed is dead-lettered, not retried."""
         try:
             if isinstance(cmd, StartWorker):
@@ -90,8 +120,10 @@ class Agent:
                     # the plan is the authority on slots; refusing here could stall a recovery
                     log.warning("starting a worker beyond the node's slots", job_id=cmd.job_id)
                 await self.supervisor.start_worker(cmd)
-            else:
+            elif isinstance(cmd, StopWorkers):
                 await self.supervisor.stop_workers(cmd, self.settings.stop_wait_s)
+            else:
+                await self.faults.inject(cmd)
         except CommandRejectedError as exc:
             payload = cmd.model_dump_json().encode()
             self.outbox.dead_letter(command_subject(self.node_id), payload, str(exc))
@@ -110,6 +142,19 @@ class Agent:
             boot_id=self.boot_id,
         )
 
+    def _take_over(self, node: NodeRecord) -> bool:
+        """Make an earlier boot's record this boot's, keeping an operator's decision."""
+        fresh = self._fresh_record()
+        keep = node.state == NodeState.DRAINED or (
+            node.state == NodeState.QUARANTINED and (node.quarantined_until or 0.0) > now()
+        )
+        if keep:
+            fresh.state, fresh.quarantined_until = node.state, node.quarantined_until
+            log.warning("node stays out of service", state=node.state.value)
+        for name in NodeRecord.model_fields:
+            setattr(node, name, getattr(fresh, name))
+        return True
+
     def _beat(self, node: NodeRecord) -> bool:
         if node.boot_id != self.boot_id:
             return False  # another boot of this node took the record over; leave it be
@@ -126,18 +171,21 @@ class Agent:
                     log.error("node record taken over by another boot", other=node.boot_id)
                 return
             log.warning("node record missing; registering again")
-        await self.state.put_node(self._fresh_record())
-        if not self.registered:
-            self.registered = True
-            self.outbox.event(
-                NodeJoined(
-                    node_id=self.node_id,
-                    slots=self.settings.slots,
-                    host=self.settings.host,
-                    boot_id=self.boot_id,
-                )
+            await self.state.put_node(self._fresh_record())
+            return
+        # this boot's first registration: an earlier boot's record is taken over atomically
+        if await self.state.update_node(self.node_id, self._take_over) is None:
+            await self.state.put_node(self._fresh_record())
+        self.registered = True
+        self.outbox.event(
+            NodeJoined(
+                node_id=self.node_id,
+                slots=self.settings.slots,
+                host=self.settings.host,
+                boot_id=self.boot_id,
             )
-            log.info("node registered", boot_id=self.boot_id, store_port=self.store.port)
+        )
+        log.info("node registered", boot_id=self.boot_id, store_port=self.store.port)
 
     async def _register_first(self) -> None:
         """Register before taking commands; if Redis is away, the heartbeat retries it."""

@@ -1,12 +1,13 @@
 """The local channel: a unix socket where this node's workers send their in-band reports.
 
-Each line a worker writes is one JSON ``WorkerReport``; the channel forwards it to the bus as
-it is. A line that does not parse, or that speaks for another node or another worker, is
-dead-lettered and the connection stays up. The channel keeps each connection's writer, keyed by
-every (job, generation, rank) the worker has spoken for — from the process id of the peer
-(``SO_PEERCRED``), from an optional ``{"kind": "hello", ...}`` line and from its reports — so
-the agent can send a directive to one worker, even after it re-formed in place under a new
-generation.
+Each line a worker writes is one JSON ``WorkerReport``; the channel hands it to ``observe``
+(hang detection) and forwards it to the bus as it is — except ``WorkerPhase``, which is for
+this agent only. A line that does not parse, that speaks for another node or another worker,
+or that only the agent may send (started, exited, hung), is dead-lettered and the connection
+stays up. The channel keeps each connection's writer, keyed by every (job, generation, rank)
+the worker has spoken for — from the process id of the peer (``SO_PEERCRED``), from an
+optional ``{"kind": "hello", ...}`` line and from its reports — so the agent can send a
+directive to one worker, even after it re-formed in place under a new generation.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from services.agent.outbox import Report, Sink
 from services.agent.supervisor import WorkerKey
 from shared.logging import get_logger
-from shared.messages import WORKER_REPORT
+from shared.messages import WORKER_REPORT, WorkerExited, WorkerHung, WorkerPhase, WorkerStarted
 
 MAX_LINE = 1 << 20  # a report is a few hundred bytes; anything near this is garbage
 SEND_TIMEOUT_S = 1.0
+# the agent's own reports about a worker; a worker sending one would be forging it
+AGENT_ONLY = (WorkerStarted, WorkerExited, WorkerHung)
 log = get_logger(component="channel")
 
 
@@ -68,12 +71,14 @@ class WorkerChannel:
         sink: Sink,
         identify: Callable[[int], WorkerKey | None] = lambda _pid: None,
         on_generation: Callable[[WorkerKey, int], None] = lambda _key, _gen: None,
+        observe: Callable[[WorkerKey | None, Report], None] = lambda _key, _report: None,
     ) -> None:
         self.path = path
         self.node_id = node_id
         self.sink = sink
         self.identify = identify
         self.on_generation = on_generation
+        self.observe = observe
         self._by_key: dict[WorkerKey, _Conn] = {}
         self._conns: set[_Conn] = set()
         self._server: asyncio.Server | None = None
@@ -99,6 +104,12 @@ class WorkerChannel:
 
     def connected(self, key: WorkerKey) -> bool:
         return key in self._by_key
+
+    def launched_as(self, key: WorkerKey) -> WorkerKey | None:
+        """The launch key of the connected worker that speaks for ``key``, if the agent
+        launched it (it may have re-formed in place under another generation or rank)."""
+        conn = self._by_key.get(key)
+        return None if conn is None else conn.launched
 
     async def send_to_worker(
         self, job_id: str, generation: int, rank: int, payload: dict[str, Any]
@@ -155,7 +166,9 @@ class WorkerChannel:
             self._reject(line, problem)
             return
         self._bind(conn, WorkerKey(report.job_id, report.generation, report.rank))
-        self.sink.report(report)
+        self.observe(conn.launched, report)
+        if not isinstance(report, WorkerPhase):
+            self.sink.report(report)
 
     @staticmethod
     def _parse_hello(line: bytes) -> WorkerHello | None:
@@ -166,6 +179,8 @@ class WorkerChannel:
 
     def _impostor(self, report: Report, conn: _Conn) -> str | None:
         """Why the report must not be forwarded as it is, or None when it may."""
+        if isinstance(report, AGENT_ONLY):
+            return f"{report.kind} is the agent's to report, not a worker's"
         if report.node_id != self.node_id:
             return f"report for node {report.node_id!r} sent to {self.node_id!r}"
         launched = conn.launched

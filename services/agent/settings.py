@@ -4,6 +4,7 @@
 workers it may run, ``UNICRON_HOST`` is the address peers use to reach its rendezvous store and
 ``UNICRON_STORE_PORT`` that store's port (0: any free port). ``UNICRON_ENTRYPOINTS`` (JSON)
 registers extra trainer entrypoints for this node only; the bus can never add one.
+``UNICRON_HANG_*`` tune hang detection (``services.agent.hang``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ class AgentSettings(CommonSettings):
         default_factory=dict, description="extra trainer name → python module for this node"
     )
     stop_wait_s: float = Field(5.0, gt=0, description="how long to wait for killed workers")
+
+    # hang detection: no step for max(factor x mean, mean + margin) is a hang (DESIGN §3)
+    hang_factor: float = Field(3.0, gt=1.0, description="threshold in running-mean step times")
+    hang_margin_s: float = Field(
+        0.5, ge=0, description="least slack over the mean, for short steps and scheduling noise"
+    )
+    hang_window: int = Field(20, ge=1, description="steps in the running median")
+    hang_startup_s: float = Field(60.0, gt=0, description="floor before the first step")
+    hang_warmup_s: float = Field(10.0, gt=0, description="floor until hang_warmup_steps")
+    hang_warmup_steps: int = Field(5, ge=0, description="steps seen before the floor lifts")
+    hang_checkpoint_s: float = Field(
+        60.0, gt=0, description="floor while the worker says it writes a checkpoint"
+    )
+    hang_check_interval_s: float = Field(0.05, gt=0, le=5.0, description="how often to check")
 
     @field_validator("node_id")
     @classmethod

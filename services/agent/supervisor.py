@@ -4,7 +4,8 @@ A worker is one rank of one generation of a job, launched as ``python -m <regist
 with its ``WorkerLaunch`` in ``UNICRON_WORKER_LAUNCH``. Each worker has a task blocked in
 ``proc.wait()``, so its exit is reported the moment the kernel reaps it, not at a poll. Workers
 run in their own process group (a stop kills helpers they forked too) and get SIGKILL when the
-agent dies, so none outlives the agent.
+agent dies, so none outlives the agent. On a node with GPUs each worker gets a device of its
+own (``services.agent.gpus``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import os
 import re
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from services.agent.gpus import SlotPool
 from services.agent.outbox import Sink
 from services.agent.registry import EntrypointRegistry, UnknownTrainerError
 from shared.logging import get_logger
@@ -44,12 +47,19 @@ class Worker:
     key: WorkerKey
     proc: asyncio.subprocess.Process
     generation: int  # the launch generation, raised when the worker re-forms in place
+    slot: int | None = None  # its GPU slot, on a node with GPUs
+    started_at: float = field(default_factory=time.monotonic)
     stopping: bool = False
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def alive(self) -> bool:
         return self.proc.returncode is None
+
+    @property
+    def current(self) -> WorkerKey:
+        """Who the worker is now: its launch key with the generation it re-formed into."""
+        return self.key._replace(generation=self.generation)
 
 
 class Supervisor:
@@ -66,6 +76,7 @@ class Supervisor:
         self.registry = registry
         self.socket_path = socket_path
         self.sink = sink
+        self.slots = SlotPool()  # the agent gives it the node's devices once it found them
         self.closing = False
         self._workers: dict[WorkerKey, Worker] = {}
         self._stopped_below: dict[str, int] = {}  # job → generations below this were stopped
@@ -78,6 +89,10 @@ class Supervisor:
     def identify(self, pid: int) -> WorkerKey | None:
         """Which worker this process is, if the agent launched it."""
         return next((w.key for w in self.live() if w.proc.pid == pid), None)
+
+    def find(self, key: WorkerKey) -> Worker | None:
+        """The live worker launched as ``key``, or re-formed into it."""
+        return next((w for w in self.live() if key in (w.key, w.current)), None)
 
     def advance(self, key: WorkerKey, generation: int) -> None:
         """The worker joined a newer generation in place: a stop of older ones must spare it."""
@@ -109,7 +124,7 @@ class Supervisor:
         self._workers[key] = worker
         worker.waiter = asyncio.create_task(self._watch(worker), name=f"watch-{key}")
         self.sink.report(self._started(worker))
-        wlog.info("worker started", pid=worker.proc.pid, argv=argv)
+        wlog.info("worker started", pid=worker.proc.pid, argv=argv, slot=worker.slot)
 
     async def stop_workers(self, cmd: StopWorkers, wait_s: float = 5.0) -> None:
         """SIGKILL the job's live workers below the generation and wait for them to be reaped."""
@@ -124,6 +139,11 @@ class Supervisor:
         ]
         log.info("stopping workers", job_id=cmd.job_id, count=len(victims), reason=cmd.reason)
         await self._kill_and_wait(victims, wait_s)
+
+    def crash(self, worker: Worker) -> None:
+        """SIGKILL a worker as a fault would: its exit is reported as a crash, not a stop."""
+        log.warning("crashing worker on request", job_id=worker.key.job_id, pid=worker.proc.pid)
+        _kill_group(worker.proc.pid)
 
     async def shutdown(self, wait_s: float = 5.0) -> None:
         """Refuse new workers, kill the live ones and wait until each exit is reported."""
@@ -147,24 +167,34 @@ class Supervisor:
             checkpoint_dir=cmd.checkpoint_dir,
             agent_socket=str(self.socket_path),
         )
-        env = {**os.environ, "UNICRON_WORKER_LAUNCH": launch.model_dump_json()}
+        slot = self.slots.acquire()
+        env = {
+            **os.environ,
+            **self.slots.env(slot),
+            "UNICRON_WORKER_LAUNCH": launch.model_dump_json(),
+        }
         path = self.log_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as out:  # the child keeps its own copy of the descriptor
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        return Worker(key, proc, cmd.generation)
+        try:
+            with path.open("ab") as out:  # the child keeps its own copy of the descriptor
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
+        except BaseException:
+            self.slots.release(slot)
+            raise
+        return Worker(key, proc, cmd.generation, slot)
 
     async def _watch(self, worker: Worker) -> None:
         """Report the exit the moment the process is reaped."""
         code = await worker.proc.wait()
+        self.slots.release(worker.slot)
         exit_code, sig = (None, -code) if code < 0 else (code, None)
         self.sink.report(
             WorkerExited(

@@ -1,23 +1,37 @@
-"""Helpers for the agent's tests: a sink that records what the agent would publish, and
-commands that launch the stdlib fake worker (``tests/agent/fake_worker.py``)."""
+"""Helpers for the agent's tests: a sink that records what the agent would publish, commands
+that launch the stdlib fake worker (``tests/agent/fake_worker.py``), and the agent itself as a
+process (``python -m services.agent``) with an inbox to await what it publishes."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from services.agent.channel import WorkerChannel
+from services.agent.hang import HangWatch
 from services.agent.outbox import Report
 from services.agent.registry import EntrypointRegistry
+from services.agent.settings import AgentSettings
 from services.agent.supervisor import Supervisor
+from shared.bus import Bus, parse_event
+from shared.events import CloudEvent, NodeJoined
 from shared.messages import Rendezvous, StartWorker
-from shared.models import JobSpec
+from shared.models import JobSpec, NodeRecord
+from shared.state import StateStore
 
 R = TypeVar("R", bound=Report)
+T = TypeVar("T")
+NODE = "n1"
 REPO = Path(__file__).resolve().parents[2]
 FAKE_WORKER = "tests.agent.fake_worker"
 
@@ -54,14 +68,20 @@ async def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
 
 
 def start_cmd(
-    job_id: str, behaviour: str, generation: int = 1, rank: int = 0, steps: int = 1
+    job_id: str,
+    behaviour: str,
+    generation: int = 1,
+    rank: int = 0,
+    steps: int = 1,
+    **spec: Any,
 ) -> StartWorker:
+    """A start of the fake worker; ``spec`` sets more JobSpec fields (checkpoint_every …)."""
     return StartWorker(
         job_id=job_id,
         generation=generation,
         rank=rank,
         world_size=rank + 1,
-        spec=JobSpec(name=behaviour, steps=steps),
+        spec=JobSpec(name=behaviour, steps=steps, **spec),
         rendezvous=Rendezvous(host="127.0.0.1", port=29500, prefix=f"{job_id}/g{generation}"),
         checkpoint_dir=f"/tmp/ckpt/{job_id}",
     )
@@ -97,3 +117,107 @@ async def supervisor(
     channel.on_generation = sup.advance
     yield sup
     await sup.shutdown()
+
+
+@pytest.fixture
+async def watch(
+    supervisor: Supervisor, channel: WorkerChannel, sink: RecordingSink
+) -> AsyncIterator[HangWatch]:
+    """Hang detection with the default settings, fed by the channel as the agent wires it."""
+    hangs = HangWatch(AgentSettings(node_id="n1"), supervisor.live, sink)
+    channel.observe = hangs.observe
+    task = asyncio.create_task(hangs.run())
+    yield hangs
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+# --- the agent as a process, against the real servers of tests/conftest.py ---------------
+
+
+class Inbox:
+    """Everything one durable consumer sees, for waiting on one kind of message at a time."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.seen: list[object] = []
+
+    async def put(self, item: object) -> None:
+        self.seen.append(item)
+        await self.queue.put(item)
+
+    async def next(self, match: Callable[[object], bool], within: float = 10.0) -> object:
+        async with asyncio.timeout(within):
+            while not match(item := await self.queue.get()):
+                pass
+            return item
+
+    async def report(self, cls: type[T], within: float = 10.0, **fields: object) -> T:
+        def match(item: object) -> bool:
+            return isinstance(item, cls) and all(getattr(item, k) == v for k, v in fields.items())
+
+        found = await self.next(match, within)
+        assert isinstance(found, cls)
+        return found
+
+
+async def inbox(bus: Bus, subject: str, parse: Callable[[bytes], object]) -> Inbox:
+    box = Inbox()
+    durable = "test-" + subject.replace(".", "-").replace(">", "all").replace("*", "any")
+    await bus.consume(subject, durable, parse, box.put)
+    return box
+
+
+def agent_env(nats_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "UNICRON_NODE_ID": NODE,
+        "UNICRON_SLOTS": "4",
+        "UNICRON_NATS_URL": nats_url,
+        "UNICRON_REDIS_URL": redis_url,
+        "UNICRON_DATA_DIR": str(data_dir),
+        "UNICRON_HEARTBEAT_INTERVAL_S": "0.2",
+        "UNICRON_ENTRYPOINTS": json.dumps({"gpt": FAKE_WORKER}),
+    }
+
+
+@pytest.fixture
+def agent(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    data_dir = tmp_path / "data"
+    with (tmp_path / "agent.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.agent"],
+            cwd=REPO,
+            env=agent_env(nats_url, redis_url, data_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    print((tmp_path / "agent.log").read_text()[-4000:])
+
+
+@pytest.fixture
+async def joined(bus: Bus, agent: subprocess.Popen[bytes]) -> NodeJoined:
+    events = await inbox(bus, "unicron.events.node.joined", parse_event)
+    # generous: the agent imports torch for its TCPStore, slow on a loaded machine
+    event = await events.next(lambda e: isinstance(e, CloudEvent), within=60)
+    assert isinstance(event, CloudEvent)
+    data = event.typed()
+    assert isinstance(data, NodeJoined)
+    return data
+
+
+async def node_record(state: StateStore, match: Callable[[NodeRecord], bool]) -> NodeRecord:
+    """The node's record once it matches (Redis may be coming back meanwhile)."""
+    async with asyncio.timeout(10):
+        while True:
+            with contextlib.suppress(RedisConnectionError):
+                node = await state.get_node(NODE)
+                if node is not None and match(node):
+                    return node
+            await asyncio.sleep(0.05)

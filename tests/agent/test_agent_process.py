@@ -6,26 +6,22 @@ Everything is awaited on the bus or in Redis with a deadline; nothing sleeps and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from services.agent.agent import Agent
 from services.agent.registry import EntrypointRegistry
 from services.agent.settings import AgentSettings
-from shared.bus import Bus, parse_event
+from shared.bus import Bus
 from shared.embedded import EmbeddedServer, start_nats, start_redis
-from shared.events import CloudEvent, NodeJoined
+from shared.events import NodeJoined
 from shared.messages import (
     WORKER_REPORT,
     DeadLetter,
@@ -39,97 +35,7 @@ from shared.messages import (
 from shared.models import NodeRecord, NodeState
 from shared.procs import port_open
 from shared.state import StateStore
-from tests.agent.conftest import FAKE_WORKER, REPO, start_cmd, until
-
-NODE = "n1"
-R = TypeVar("R")
-
-
-class Inbox:
-    """Everything one durable consumer sees, for waiting on one kind of message at a time."""
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[object] = asyncio.Queue()
-        self.seen: list[object] = []
-
-    async def put(self, item: object) -> None:
-        self.seen.append(item)
-        await self.queue.put(item)
-
-    async def next(self, match: Callable[[object], bool], within: float = 10.0) -> object:
-        async with asyncio.timeout(within):
-            while not match(item := await self.queue.get()):
-                pass
-            return item
-
-    async def report(self, cls: type[R], within: float = 10.0, **fields: object) -> R:
-        def match(item: object) -> bool:
-            return isinstance(item, cls) and all(getattr(item, k) == v for k, v in fields.items())
-
-        found = await self.next(match, within)
-        assert isinstance(found, cls)
-        return found
-
-
-async def inbox(bus: Bus, subject: str, parse: Callable[[bytes], object]) -> Inbox:
-    box = Inbox()
-    durable = "test-" + subject.replace(".", "-").replace(">", "all").replace("*", "any")
-    await bus.consume(subject, durable, parse, box.put)
-    return box
-
-
-def agent_env(nats_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "UNICRON_NODE_ID": NODE,
-        "UNICRON_SLOTS": "4",
-        "UNICRON_NATS_URL": nats_url,
-        "UNICRON_REDIS_URL": redis_url,
-        "UNICRON_DATA_DIR": str(data_dir),
-        "UNICRON_HEARTBEAT_INTERVAL_S": "0.2",
-        "UNICRON_ENTRYPOINTS": json.dumps({"gpt": FAKE_WORKER}),
-    }
-
-
-@pytest.fixture
-def agent(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    data_dir = tmp_path / "data"
-    with (tmp_path / "agent.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.agent"],
-            cwd=REPO,
-            env=agent_env(nats_url, redis_url, data_dir),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    print((tmp_path / "agent.log").read_text()[-4000:])
-
-
-@pytest.fixture
-async def joined(bus: Bus, agent: subprocess.Popen[bytes]) -> NodeJoined:
-    events = await inbox(bus, "unicron.events.node.joined", parse_event)
-    # generous: the agent imports torch for its TCPStore, slow on a loaded machine
-    event = await events.next(lambda e: isinstance(e, CloudEvent), within=60)
-    assert isinstance(event, CloudEvent)
-    data = event.typed()
-    assert isinstance(data, NodeJoined)
-    return data
-
-
-async def node_record(state: StateStore, match: Callable[[NodeRecord], bool]) -> NodeRecord:
-    """The node's record once it matches (Redis may be coming back meanwhile)."""
-    async with asyncio.timeout(10):
-        while True:
-            with contextlib.suppress(RedisConnectionError):
-                node = await state.get_node(NODE)
-                if node is not None and match(node):
-                    return node
-            await asyncio.sleep(0.05)
+from tests.agent.conftest import NODE, inbox, node_record, start_cmd, until
 
 
 def gone(pid: int) -> bool:

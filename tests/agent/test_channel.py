@@ -10,7 +10,7 @@ import pytest
 
 from services.agent.channel import WorkerChannel
 from services.agent.supervisor import Supervisor, WorkerKey
-from shared.messages import StepCompleted, WorkerExited
+from shared.messages import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
 from tests.agent.conftest import RecordingSink, start_cmd, until
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -40,6 +40,27 @@ async def test_reports_are_forwarded_and_bad_lines_dead_lettered(
     reasons = [(await sink.letters.get())[2] for _ in range(2)]
     assert reasons[0].startswith("invalid report")
     assert "for node 'other'" in reasons[1]
+
+
+async def test_phases_stay_on_the_node_and_agent_reports_are_refused(
+    channel: WorkerChannel, sink: RecordingSink, conn: Conn
+) -> None:
+    observed: list[str] = []
+    channel.observe = lambda _key, report: observed.append(report.kind)
+    ids = {"node_id": "n1", "job_id": "job-a", "generation": 1, "rank": 0}
+    phase = WorkerPhase(**ids, phase="compute", step=2)
+    forged = WorkerHung(
+        **ids, pid=1, silent_s=9, threshold_s=1, mean_iteration_s=None, process_state="R"
+    )
+    _, writer = conn
+    for report in (phase, forged):
+        writer.write(report.model_dump_json().encode() + b"\n")
+    writer.write(step(2))
+    await writer.drain()
+    assert isinstance(await asyncio.wait_for(sink.reports.get(), 5), StepCompleted)
+    assert "agent's to report" in (await asyncio.wait_for(sink.letters.get(), 5))[2]
+    assert observed == ["worker_phase", "step_completed"]  # hang detection sees the phase
+    assert sink.reports.empty()
 
 
 async def test_directive_reaches_the_worker_that_reported(

@@ -1,0 +1,56 @@
+"""Fault drills: ``InjectFault`` commands delivered to one worker as a ``FaultDirective`` line.
+
+The worker runtime carries the fault out itself (crash, exit, exception, hang, slow), so it
+fails the way a real fault would fail it. A fault for a worker this node does not run, or whose
+local channel is not connected, can never succeed and is rejected — except ``crash``, which
+the agent carries out with SIGKILL. Faults from outside the system (a real ``kill -STOP``)
+need nothing here: supervision and hang detection report them like any other.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from services.agent.channel import WorkerChannel
+from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from shared.logging import get_logger
+from shared.messages import FaultDirective, FaultKind, InjectFault
+
+log = get_logger(component="faults")
+REMEMBERED = 1024  # command ids kept to drop a redelivered drill
+
+
+class FaultInjector:
+    def __init__(self, channel: WorkerChannel, supervisor: Supervisor) -> None:
+        self.channel = channel
+        self.supervisor = supervisor
+        self._done: OrderedDict[str, None] = OrderedDict()
+
+    async def inject(self, cmd: InjectFault) -> None:
+        """Deliver the fault once; raise ``CommandRejectedError`` when it cannot be."""
+        if cmd.command_id in self._done:
+            # at-least-once delivery must not turn one drill into two faults
+            log.info("duplicate fault ignored", command_id=cmd.command_id)
+            return
+        key = WorkerKey(cmd.job_id, cmd.generation, cmd.rank)
+        flog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
+        worker = self.supervisor.find(self.channel.launched_as(key) or key)
+        if worker is None:
+            raise CommandRejectedError(f"no live worker {_name(key)} on this node")
+        directive = FaultDirective(fault=cmd.fault).model_dump(mode="json")
+        if await self.channel.send_to_worker(*key, directive):
+            flog.info("fault sent to worker", fault=cmd.fault.kind.value)
+        elif cmd.fault.kind == FaultKind.CRASH:
+            self.supervisor.crash(worker)
+        else:
+            raise CommandRejectedError(
+                f"worker {_name(key)} has no connected channel; "
+                f"cannot deliver a {cmd.fault.kind.value} fault"
+            )
+        self._done[cmd.command_id] = None
+        if len(self._done) > REMEMBERED:
+            self._done.popitem(last=False)
+
+
+def _name(key: WorkerKey) -> str:
+    return f"{key.job_id} g{key.generation} r{key.rank}"

@@ -1,0 +1,204 @@
+"""Hang detection from the workers' step heartbeats (DESIGN §3, online statistics).
+
+Every ``StepCompleted`` a live worker sends is its heartbeat. A worker that completes no step
+for longer than ``max(factor * mean, mean + margin)`` is hung, where ``mean`` is a robust
+running mean of its step time: the median of its last few reported ``iteration_s`` and of the
+gaps between the steps as the agent saw them (whichever is larger), so one slow step — a
+checkpoint, a GC pause — moves it not at all. Before the first step the floor is
+``hang_startup_s`` (imports, rendezvous, checkpoint load) and until a few steps are seen it is
+``hang_warmup_s``; while the worker says it is writing a checkpoint it is ``hang_checkpoint_s``,
+and the checkpoint's time does not count against the step after it.
+
+A hung worker is reported once per (job, generation, rank, last step) as ``WorkerHung`` with
+its ``/proc`` state (``T``: stopped by a signal, which never shows up as an exit) and the phase
+it last announced. ``WorkerPhase`` lines only feed this module; they never reach the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.agent.outbox import Report, Sink
+from services.agent.settings import AgentSettings
+from services.agent.supervisor import Worker, WorkerKey
+from shared.logging import get_logger
+from shared.messages import StepCompleted, WorkerHung, WorkerPhase
+
+log = get_logger(component="hang")
+Clock = Callable[[], float]
+
+
+@dataclass
+class Track:
+    """What the agent knows about one live worker's progress (monotonic times)."""
+
+    ident: WorkerKey  # who the worker last said it is (a re-formed worker changes generation)
+    since: float  # start, last completed step or last re-formation
+    window: int
+    iterations: deque[float] = field(init=False)
+    gaps: deque[float] = field(init=False)
+    steps: int = 0
+    last_step: int | None = None
+    phase: str | None = None
+    suspect_at: float | None = None  # the check that first found it silent for too long
+    reported: bool = False
+
+    def __post_init__(self) -> None:
+        self.iterations = deque(maxlen=self.window)
+        self.gaps = deque(maxlen=self.window)
+
+    def mean(self) -> float | None:
+        """Robust running mean of the step time; None before the first step."""
+        if not self.iterations:
+            return None
+        gap = statistics.median(self.gaps) if self.gaps else 0.0
+        return max(statistics.median(self.iterations), gap)
+
+
+def process_state(pid: int) -> str:
+    """The state letter in ``/proc/<pid>/stat`` (R, S, D, T, Z …), or ``?`` when unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return "?"
+    # the command name in parentheses may hold spaces and parentheses: split after the last
+    rest = stat.rpartition(")")[2].split()
+    return rest[0] if rest else "?"
+
+
+class HangWatch:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        live: Callable[[], list[Worker]],
+        sink: Sink,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id
+        self.live = live
+        self.sink = sink
+        self.clock = clock
+        self._tracks: dict[WorkerKey, Track] = {}
+
+    # --- input: reports from the local channel -------------------------------------------
+
+    def observe(self, launched: WorkerKey | None, report: Report) -> None:
+        """Note a step or a phase of a worker this agent launched (others are not tracked)."""
+        if not isinstance(report, StepCompleted | WorkerPhase):
+            return
+        worker = self._worker(launched or WorkerKey(report.job_id, report.generation, report.rank))
+        if worker is None:
+            return
+        track = self._track(worker)
+        at = self.clock()
+        ident = WorkerKey(report.job_id, report.generation, report.rank)
+        if ident != track.ident:  # re-formed in place: that is progress, with a fresh clock
+            track.ident, track.since, track.reported = ident, at, False
+        if isinstance(report, WorkerPhase):
+            if track.phase == "checkpoint" and report.phase != "checkpoint":
+                track.since = at  # a checkpoint is not part of a step: its time must not count
+            track.phase = report.phase
+            return
+        if track.steps:
+            track.gaps.append(at - track.since)
+        track.iterations.append(report.iteration_s)
+        track.steps += 1
+        track.since, track.last_step, track.phase = at, report.step, None
+        track.suspect_at, track.reported = None, False
+
+    # --- the decision ----------------------------------------------------------------------
+
+    def threshold(self, track: Track) -> float:
+        """How long the worker may stay without completing a step."""
+        s = self.settings
+        mean = track.mean()
+        if mean is None:
+            limit = s.hang_startup_s
+        else:
+            limit = max(s.hang_factor * mean, mean + s.hang_margin_s)
+            if track.steps < s.hang_warmup_steps:
+                limit = max(limit, s.hang_warmup_s)
+        if track.phase == "checkpoint":
+            limit = max(limit, s.hang_checkpoint_s)
+        return limit
+
+    def check(self) -> list[WorkerHung]:
+        """One pass over the live workers; publishes and returns the newly hung ones.
+
+        A worker found silent too long is reported at the next pass if still silent: between
+        the two the event loop has read whatever its socket held, so a stall of the agent
+        itself (CPU starvation, its own GC) cannot pass for a hang of the worker.
+        """
+        now = self.clock()
+        live = [w for w in self.live() if not w.stopping]
+        self._tracks = {w.key: self._track(w) for w in live}  # forget the exited
+        hung = []
+        for worker in live:
+            track = self._tracks[worker.key]
+            silent, limit = now - track.since, self.threshold(track)
+            if silent <= limit:
+                track.suspect_at = None
+            elif track.suspect_at is None:
+                track.suspect_at = now
+            elif not track.reported:
+                track.reported = True
+                hung.append(self._report(worker, track, silent, limit))
+        return hung
+
+    async def run(self) -> None:
+        """Check every ``hang_check_interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.settings.hang_check_interval_s)
+            try:
+                self.check()
+            except Exception:  # a bug here must not end hang detection for good
+                log.exception("hang check failed")
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _worker(self, key: WorkerKey) -> Worker | None:
+        return next((w for w in self.live() if w.key == key or w.current == key), None)
+
+    def _track(self, worker: Worker) -> Track:
+        track = self._tracks.get(worker.key)
+        if track is None:
+            track = Track(worker.key, worker.started_at, self.settings.hang_window)
+            self._tracks[worker.key] = track
+        return track
+
+    def _report(self, worker: Worker, track: Track, silent: float, limit: float) -> WorkerHung:
+        mean = statistics.median(track.iterations) if track.iterations else None
+        report = WorkerHung(
+            node_id=self.node_id,
+            job_id=track.ident.job_id,
+            generation=track.ident.generation,
+            rank=track.ident.rank,
+            pid=worker.proc.pid,
+            silent_s=round(silent, 4),
+            threshold_s=round(limit, 4),
+            mean_iteration_s=mean,
+            process_state=process_state(worker.proc.pid),
+            phase=track.phase,
+            last_step=track.last_step,
+        )
+        self.sink.report(report)
+        log.warning(
+            "worker hung",
+            job_id=report.job_id,
+            generation=report.generation,
+            rank=report.rank,
+            pid=report.pid,
+            silent_s=report.silent_s,
+            threshold_s=report.threshold_s,
+            process_state=report.process_state,
+            phase=report.phase,
+            last_step=report.last_step,
+        )
+        return report
