@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-all lint bench-detect bench-plan bench-recover up clean
+.PHONY: demo test test-slow test-all lint bench-detect bench-overhead bench-plan up clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy shared services trainer cli
+
+bench-detect: $(STAMP)
+	$(BIN)/python bench/detect.py
+
+bench-overhead: $(STAMP)
+	$(BIN)/python bench/overhead.py
+
+bench-plan: $(STAMP)
+	$(BIN)/python bench/plan.py
 
 clean:
 	rm -rf .unicron .pytest_cache .mypy_cache .ruff_cache

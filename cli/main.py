@@ -9,6 +9,7 @@ from cli.common import global_options
 from cli.demo import demo
 from cli.faults import fault
 from cli.jobs import cancel, status, submit
+from cli.plan import plan
 from cli.stack import up
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app.command()(cancel)
 app.command()(nodes)
 app.command()(events)
 app.command()(fault)
+app.command()(plan)
 
 
 if __name__ == "__main__":

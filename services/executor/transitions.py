@@ -3,7 +3,8 @@
 Each transition first commits the job's new generation and placement to Redis in one optimistic
 transaction, then sends the agent commands. Applying the same plan twice finds the job already
 at ``plan_id`` and does nothing; a plan computed against an older generation of a job is stale
-for that job and skipped, so one failure never causes two restarts.
+for that job and skipped, so one failure never causes two restarts. A plan whose fencing epoch
+is below the planner lease's current epoch is refused whole.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from services.executor.commands import send_starts, send_stops
 from services.executor.settings import ExecutorSettings
 from shared.bus import Bus
 from shared.events import JobStateChanged, TransitionStarted
+from shared.lease import PLANNER_LEASE, current_epoch
 from shared.logging import get_logger
 from shared.models import (
     Job,
@@ -36,6 +38,13 @@ class TransitionRunner:
         self.settings = settings
 
     async def apply_plan(self, plan: Plan) -> None:
+        # Fencing (DESIGN.md §6): a plan from a planner that has since lost its lease is void.
+        epoch = await current_epoch(self.state.redis, PLANNER_LEASE, self.state.prefix)
+        if plan.epoch < epoch:
+            get_logger(plan_id=plan.id).warning(
+                "stale plan refused", plan_epoch=plan.epoch, current_epoch=epoch
+            )
+            return
         latest = await self.state.latest_plan()
         if latest is not None and latest.seq > plan.seq:
             get_logger(plan_id=plan.id).info("superseded plan skipped", latest=latest.id)

@@ -2,11 +2,15 @@
 
 Layers, from pure to wired:
 
+- :mod:`.spec`, :mod:`.clusters` — model shapes, cluster descriptions and their presets;
 - :mod:`.api` — the inputs and the pluggable models (throughput, transition cost);
-- :mod:`.throughput`, :mod:`.costs` — today's implementations of those models;
-- :mod:`.objective` — the reward G(t, x) of each job for each worker count;
-- :mod:`.dp` — the dynamic programme over jobs and slot units (numpy, no I/O);
-- :mod:`.placement` — worker counts → a node per rank;
-- :mod:`.planning` — Redis records → inputs → plan draft (pure);
-- :mod:`.service` — bus and Redis wiring, debounce, periodic reconcile.
+- :mod:`.perf` — the Megatron-style performance model and its cached configuration search;
+- :mod:`.throughput`, :mod:`.costs` — T(t, x) and D_trans(t, x_old → x) behind the protocols;
+- :mod:`.objective` — the reward G(t, x) of each job for each unit count;
+- :mod:`.dp` — the dynamic programme over jobs and units, and its alternatives (numpy);
+- :mod:`.placement` — worker counts → a node per rank, TP groups within a node;
+- :mod:`.explain` — per job: the terms of its G and the best alternatives that lost;
+- :mod:`.planning` — Redis records → inputs → explained plan draft (pure);
+- :mod:`.calibration`, :mod:`.feedback` — step times, downtimes and failures → Redis;
+- :mod:`.publish`, :mod:`.service` — lease, bus and Redis wiring, debounce, reconcile.
 """

@@ -1,9 +1,10 @@
-"""The planner's vocabulary: its inputs and the models it is parameterised by.
+"""The planner's vocabulary: its inputs, the models it is parameterised by, and their outputs.
 
 Everything here is an immutable value or a protocol, in the style of torch.distributed.elastic's
 ``api`` modules: the planning code depends on these and not on any implementation, so a
-calibrated throughput model (best TP/PP/DP per worker count) or measured transition costs plug
-in by implementing a protocol, without touching the DP or the service.
+throughput model (linear, or the calibrated Megatron-style model of :mod:`.throughput`) or a
+transition-cost model plugs in by implementing a protocol, without touching the DP or the
+service. Model shapes and cluster descriptions live in :mod:`.spec`.
 
 Inputs are frozen dataclasses of tuples so a whole cluster snapshot compares with ``==``: the
 service re-plans only when the snapshot changed.
@@ -11,12 +12,15 @@ service re-plans only when the snapshot changed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from services.planner.spec import ModelShape
 from shared.models import JobState
 
 IntArray = npt.NDArray[np.int64]
@@ -26,12 +30,36 @@ FloatArray = npt.NDArray[np.float64]
 ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.RECOVERING})
 
 
+class TransitionKind(str, Enum):
+    """How a job gets from what it runs to what a plan gives it (DESIGN.md §5)."""
+
+    NONE = "none"  # nothing changes: it keeps running, or keeps waiting
+    START = "start"  # first launch
+    RESUME = "resume"  # launch again from its checkpoint after a preemption
+    REATTEMPT = "reattempt"  # retry the failed collective in place (SEV3)
+    RESTART = "restart"  # replace the failed processes, same size and nodes (SEV2)
+    SHRINK = "shrink"  # survivors re-form without some ranks
+    GROW = "grow"  # new ranks join, fetching state from a peer
+    MIGRATE = "migrate"  # ranks on lost nodes are replaced elsewhere
+    STOP = "stop"  # preempted back to waiting
+
+
+class StateSource(str, Enum):
+    """Where new ranks get the training state, nearest first (DESIGN.md §5)."""
+
+    NONE = "none"
+    PEER = "peer"  # a healthy data-parallel replica
+    DISK = "disk"  # the last checkpoint on local disk
+
+
 @dataclass(frozen=True)
 class JobDemand:
     """What the objective needs to know about one job.
 
-    ``current`` is x_old: the workers the job holds now on usable nodes. ``hit`` says the job
-    pays its transition cost whatever it is given (a fault hit it, or it lost a rank's node).
+    ``current`` is the workers the job holds now on usable nodes, ``world_size`` those of its
+    running generation (more when a node was lost). ``hit`` says the job pays a transition
+    whatever it is given (a fault hit it, or it lost a rank's node); ``recovery`` is the action
+    the fault called for. ``slowdown`` is the calibration: observed over modelled iteration time.
     """
 
     job_id: str
@@ -40,6 +68,19 @@ class JobDemand:
     max_workers: int
     current: int = 0
     hit: bool = False
+    shape: ModelShape | None = None
+    global_batch: int = 16
+    micro_batch: int = 4
+    checkpoint_every: int = 20
+    world_size: int = 0
+    recovery: str | None = None
+    resume: bool = False
+    slowdown: float = 1.0
+
+    @property
+    def old_workers(self) -> int:
+        """x_old of DESIGN.md §4: what the job ran on before this plan."""
+        return self.world_size or self.current
 
     def feasible(self, workers: IntArray) -> npt.NDArray[np.bool_]:
         """Hard constraints: nothing at all, or between min and max workers."""
@@ -48,30 +89,82 @@ class JobDemand:
         return feasible
 
 
-class ThroughputModel(Protocol):
-    """T(t, x): achieved throughput of a job on each worker count, 0 below its minimum."""
+@dataclass(frozen=True)
+class Curve:
+    """T(t, x) for each worker count, with the parallel configuration behind each value.
 
-    def throughput(self, demand: JobDemand, workers: IntArray) -> FloatArray: ...
+    ``flops`` is achieved model FLOP/s (0 where the job cannot run); ``iteration_s`` is the
+    predicted step time (inf where nothing fits, nan where the model has no notion of time).
+    """
+
+    workers: IntArray
+    flops: FloatArray
+    iteration_s: FloatArray
+    tp: IntArray
+    pp: IntArray
+    dp: IntArray
+    micro_batch: IntArray
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """D_trans(t, x_old → x) for each worker count of a curve, split as the executor measures it:
+    ``downtime_s`` (failure or start → first step, calibrated by ``factor``) and ``lost_s`` (work
+    since the last checkpoint, done again). Kinds and sources index ``KINDS`` and ``SOURCES``."""
+
+    kind: IntArray
+    source: IntArray
+    downtime_s: FloatArray
+    lost_s: FloatArray
+    factor: FloatArray
+
+    @property
+    def total_s(self) -> FloatArray:
+        total: FloatArray = self.downtime_s + self.lost_s
+        return total
+
+
+KINDS: tuple[TransitionKind, ...] = tuple(TransitionKind)
+SOURCES: tuple[StateSource, ...] = tuple(StateSource)
+
+
+class ThroughputModel(Protocol):
+    """T(t, x): achieved throughput of a job on each worker count, 0 where it cannot run."""
+
+    def curve(self, demand: JobDemand, workers: IntArray) -> Curve: ...
 
 
 class TransitionCost(Protocol):
     """D_trans(t, x_old → x) in seconds of lost work for each x; 0 where nothing changes."""
 
-    def downtime(self, demand: JobDemand, workers: IntArray) -> FloatArray: ...
+    def transitions(self, demand: JobDemand, old: Curve, new: Curve) -> Transitions: ...
+
+    def calibrated(self, factors: Mapping[TransitionKind, float]) -> TransitionCost:
+        """This model with measured/predicted downtime ratios per kind applied."""
+        ...
 
 
 @dataclass(frozen=True)
 class Objective:
     """The parameters of G(t, x) (DESIGN.md §4) and the allocation granularity.
 
-    ``unit`` is the number of slots the DP hands out at once: 1 today, a node's slots when
-    jobs must own whole nodes.
+    ``unit`` is the number of slots the DP hands out at once: a node's GPUs on a GPU cluster,
+    1 on the CPU demo. ``run_s`` is D_run, the expected time to the next failure.
     """
 
     throughput: ThroughputModel
     cost: TransitionCost
     run_s: float
     unit: int = 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the cluster has measured so far, as the models consume it (see :mod:`.calibration`)."""
+
+    job_slowdown: tuple[tuple[str, float], ...] = ()
+    transition_factors: tuple[tuple[TransitionKind, float], ...] = ()
+    failure_rate_per_gpu_h: float | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +216,7 @@ class ClusterInputs:
     nodes: tuple[NodeView, ...]
     jobs: tuple[JobView, ...]
     orphans: tuple[Orphan, ...] = ()
+    calibration: Calibration = Calibration()
 
     @property
     def capacity(self) -> int:

@@ -13,32 +13,82 @@ The layers run from the last job to the first so that backtracking decides the f
 2. job by job in order, a job keeps its current allocation if it can, else takes the most
    units — earlier-submitted jobs win.
 
-Rewards are floats, so "equal" means within a relative 1e-9. Cost is O(m·n·K) time and
-O(n·K) memory per layer, K ≤ n+1 the feasible unit counts of a job.
+Rewards are floats, so "equal" means within a relative 1e-9. A job's feasible counts are 0
+and any subset of [lo, hi] (counts inside with no runnable configuration are -inf). Cost is
+O(m·n·K) time and O(n·K) memory per layer, K = hi - lo + 1 ≤ n. :func:`alternatives` runs
+the recurrence forwards once more to price "job i gets k units instead" exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from services.planner.api import FloatArray, IntArray
 
 NO_KEEP = -1
 REL_TOL = 1e-9
+KEPT = np.int16  # jobs kept: small counts, and half the memory traffic of int64
+KeptArray = npt.NDArray[np.int16]
+T = TypeVar("T", bound=np.generic)
+
+
+@dataclass(frozen=True)
+class Solution:
+    """An optimal allocation and the suffix tables S it was read from."""
+
+    units: IntArray
+    suffix: FloatArray
+    total: float
 
 
 def solve(rewards: FloatArray, keep: Sequence[int]) -> IntArray:
     """Units for each job (row of ``rewards``) of an optimal, tie-broken allocation."""
+    return optimise(rewards, keep).units
+
+
+def optimise(rewards: FloatArray, keep: Sequence[int]) -> Solution:
     if rewards.ndim != 2 or rewards.shape[0] != len(keep):
         raise ValueError("rewards must be (jobs, units + 1) with one keep entry per job")
     if rewards.shape[0] and not np.isfinite(rewards[:, 0]).all():
         raise ValueError("zero units must be feasible for every job")
+    if rewards.shape[0] > np.iinfo(KEPT).max:
+        raise ValueError(f"at most {np.iinfo(KEPT).max} jobs")
     best, kept = _tables(rewards, keep)
-    return _backtrack(rewards, keep, best, kept)
+    units = _backtrack(rewards, keep, best, kept)
+    return Solution(units, best, float(best[0, -1]) if rewards.shape[0] else 0.0)
+
+
+def alternatives(
+    rewards: FloatArray, solution: Solution, candidates: Sequence[IntArray]
+) -> list[FloatArray]:
+    """For each job i and each k in ``candidates[i]``: the best total reward of any plan that
+    gives job i exactly k units (-inf where none can). One forward pass gives P, the best of
+    the jobs before i on at most a units; the suffix S covers the jobs after it:
+
+        total(i, k) = G[i, k] + max_a P[i][a] + S[i+1][n - k - a]
+    """
+    prefix = prefix_tables(rewards)
+    m, n = rewards.shape[0], rewards.shape[1] - 1
+    width = max((ks.size for ks in candidates), default=0)
+    padded = np.full((m, width), -1, dtype=np.int64)  # -1: no candidate in this column
+    for i, ks in enumerate(candidates):
+        padded[i, : ks.size] = ks
+    fits = (padded >= 0) & (padded <= n)
+    k = np.clip(padded, 0, n)
+    g = np.where(fits, np.take_along_axis(rewards, k, axis=1), -np.inf)
+    # For each job and candidate: max over a ≤ n - k of P[i][a] + S[i+1][n - k - a].
+    after = (n - k)[:, :, None] - np.arange(n + 1)[None, None, :]
+    rows = np.arange(m)[:, None, None]
+    split = prefix[:m][:, None, :] + solution.suffix[1:][rows, np.maximum(after, 0)]
+    best = np.where(after >= 0, split, -np.inf).max(axis=2, initial=-np.inf)
+    totals = np.where(np.isfinite(g), g + best, -np.inf)
+    return [totals[i, : ks.size] for i, ks in enumerate(candidates)]
 
 
 def _tol(value: FloatArray) -> FloatArray:
@@ -46,7 +96,7 @@ def _tol(value: FloatArray) -> FloatArray:
 
 
 def _candidates(
-    best_next: FloatArray, kept_next: IntArray, g: FloatArray, keep: int, j: IntArray
+    best_next: FloatArray, kept_next: KeptArray, g: FloatArray, keep: int, j: IntArray
 ) -> tuple[FloatArray, IntArray, IntArray]:
     """For each budget in ``j`` (rows) and feasible k (columns): total reward and keeps."""
     ks = np.flatnonzero(np.isfinite(g)).astype(np.int64)
@@ -58,45 +108,79 @@ def _candidates(
     return values, keeps.astype(np.int64), ks
 
 
-def _tables(rewards: FloatArray, keep: Sequence[int]) -> tuple[FloatArray, IntArray]:
+def _bounds(rewards: FloatArray) -> tuple[list[int], list[int]]:
+    """Each job's smallest and largest feasible positive unit count (1, 0 when none)."""
+    finite = np.isfinite(rewards[:, 1:])
+    if finite.shape[1] == 0:  # no units at all
+        return [1] * len(finite), [0] * len(finite)
+    some = finite.any(axis=1)
+    lo = np.where(some, finite.argmax(axis=1) + 1, 1)
+    hi = np.where(some, finite.shape[1] - finite[:, ::-1].argmax(axis=1), 0)
+    return lo.tolist(), hi.tolist()
+
+
+def _tables(rewards: FloatArray, keep: Sequence[int]) -> tuple[FloatArray, KeptArray]:
     """S (best reward) and, among near-best choices, the most jobs kept; row i = jobs i.."""
     m, width = rewards.shape
     best = np.zeros((m + 1, width), dtype=np.float64)
-    kept = np.zeros((m + 1, width), dtype=np.int64)
+    kept = np.zeros((m + 1, width), dtype=KEPT)
+    lo, hi = _bounds(rewards)
     for i in range(m - 1, -1, -1):
-        values, keeps = _layer(best[i + 1], kept[i + 1], rewards[i], keep[i])
+        values, keeps = _layer(best[i + 1], rewards[i], lo[i], hi[i], kept[i + 1], keep[i])
+        assert keeps is not None
         best[i] = values.max(axis=1)
         near = _near(values, best[i][:, None])
         kept[i] = np.where(near, keeps, -1).max(axis=1)
     return best, kept
 
 
+def prefix_tables(rewards: FloatArray) -> FloatArray:
+    """P[i][j]: the best reward of jobs 0..i-1 on at most j units (the DP run forwards)."""
+    m, width = rewards.shape
+    best = np.zeros((m + 1, width), dtype=np.float64)
+    lo, hi = _bounds(rewards)
+    for i in range(m):
+        values, _ = _layer(best[i], rewards[i], lo[i], hi[i])
+        best[i + 1] = values.max(axis=1)
+    return best
+
+
+def _windows(series: npt.NDArray[T], hi: int, span: int, fill: float) -> npt.NDArray[T]:
+    """Row j = series[j - hi .. j - hi + span - 1], ``fill`` where the index is negative."""
+    padded = np.empty(series.size + hi, dtype=series.dtype)
+    padded[:hi] = fill
+    padded[hi:] = series
+    step = padded.strides[0]
+    return as_strided(padded, shape=(series.size, span), strides=(step, step), writeable=False)
+
+
 def _layer(
-    best_next: FloatArray, kept_next: IntArray, g: FloatArray, keep: int
-) -> tuple[FloatArray, IntArray]:
-    """Like :func:`_candidates` for every budget, as a view: no gathers, two matrices.
+    best_next: FloatArray,
+    g: FloatArray,
+    lo: int,
+    hi: int,
+    kept_next: KeptArray | None = None,
+    keep: int = NO_KEEP,
+) -> tuple[FloatArray, KeptArray | None]:
+    """Like :func:`_candidates` for every budget, from strided views: no gathers.
 
     Column 0 is k = 0; the rest are k = hi, hi-1, .., lo for the job's feasible range
-    [lo, hi] (feasible counts are 0 and one contiguous range, see ``JobDemand.feasible``).
+    [lo, hi]; infeasible counts inside it are -inf and so never near the best. Without
+    ``kept_next`` only the values are computed (alternatives need no tie-break).
     """
     width = best_next.size
-    ks = np.flatnonzero(np.isfinite(g[1:])) + 1
-    if ks.size and ks[-1] - ks[0] + 1 != ks.size:
-        raise ValueError("the feasible unit counts of a job must be 0 and one range")
-    lo, hi = (int(ks[0]), int(ks[-1])) if ks.size else (1, 0)
-    span = hi - lo + 1
-    # padded[j + p] = S[j - k] for k = hi - p; -inf (and -1 kept) where k > j.
-    padded = np.concatenate([np.full(hi, -np.inf), best_next])
-    padded_kept = np.concatenate([np.full(hi, -1, dtype=np.int64), kept_next])
-    window = sliding_window_view(padded, span)[:width]
-    window_kept = sliding_window_view(padded_kept, span)[:width]
+    span = max(hi - lo + 1, 0)
     ks_desc = np.arange(hi, lo - 1, -1)
     values = np.empty((width, span + 1), dtype=np.float64)
     values[:, 0] = best_next + g[0]
-    np.add(window, g[ks_desc], out=values[:, 1:])
-    keeps = np.empty((width, span + 1), dtype=np.int64)
+    # windows[j, p] = S[j - k] for k = hi - p; -inf (and -1 kept) where k > j.
+    np.add(_windows(best_next, hi, span, -np.inf), g[ks_desc], out=values[:, 1:])
+    if kept_next is None:
+        return values, None
+    keeps = np.empty((width, span + 1), dtype=KEPT)
     keeps[:, 0] = kept_next + (keep == 0)
-    np.add(window_kept, ks_desc == keep, out=keeps[:, 1:])
+    window_kept = _windows(kept_next, hi, span, -1)
+    np.add(window_kept, (ks_desc == keep).astype(KEPT), out=keeps[:, 1:])
     return values, keeps
 
 
@@ -105,7 +189,7 @@ def _near(values: FloatArray, target: FloatArray) -> npt.NDArray[np.bool_]:
 
 
 def _backtrack(
-    rewards: FloatArray, keep: Sequence[int], best: FloatArray, kept: IntArray
+    rewards: FloatArray, keep: Sequence[int], best: FloatArray, kept: KeptArray
 ) -> IntArray:
     m, width = rewards.shape
     units = np.zeros(m, dtype=np.int64)

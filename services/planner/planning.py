@@ -1,20 +1,23 @@
 """Cluster state → plan: pure functions from Redis records to a plan draft.
 
-:func:`snapshot` turns the records into :class:`~services.planner.api.ClusterInputs` (usable
-nodes, each job's demand and held ranks); :func:`plan_cluster` runs the objective's DP,
-places the workers and names each job's action; :func:`needs_publish` says whether the draft
-is news compared with the latest plan. No I/O, no clock: the service passes ``now``.
+:func:`snapshot` turns the records and the calibration into
+:class:`~services.planner.api.ClusterInputs` (usable nodes, each job's demand and held ranks);
+:func:`plan_cluster` applies the calibration to the objective, runs the DP, weighs the
+alternatives, places the workers and names and explains each job's action;
+:func:`needs_publish` says whether the draft is news compared with the latest plan. No I/O, no
+clock: the service passes ``now``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
-
+from services.planner import dp
 from services.planner.api import (
     ACTIVE_STATES,
+    Calibration,
     ClusterInputs,
     JobDemand,
     JobView,
@@ -22,8 +25,10 @@ from services.planner.api import (
     Objective,
     Orphan,
 )
-from services.planner.objective import allocate
+from services.planner.explain import alternative_sets, explain
+from services.planner.objective import all_terms, keep_units, stack
 from services.planner.placement import PlacementRequest, place
+from services.planner.spec import ModelShape
 from shared.models import (
     FailureRecord,
     Job,
@@ -41,6 +46,7 @@ HOLDING = frozenset({WorkerState.LAUNCHING, WorkerState.RUNNING, WorkerState.FAI
 # Processes that may still be running and so must be stopped for a terminal job.
 LIVE = frozenset({WorkerState.LAUNCHING, WorkerState.RUNNING})
 QUIET = frozenset({PlanAction.KEEP, PlanAction.WAIT})
+UNCALIBRATED = Calibration()
 
 
 @dataclass(frozen=True)
@@ -50,12 +56,21 @@ class PlanDraft:
     allocations: list[JobAllocation]
     free_slots: int
     expected_waf: float
+    expected_reward: float = 0.0
+    run_s: float = 0.0
+    unit: int = 1
+    planning_ms: float = 0.0
 
 
 def snapshot(
-    nodes: Iterable[NodeRecord], jobs: Iterable[Job], now: float, node_timeout_s: float
+    nodes: Iterable[NodeRecord],
+    jobs: Iterable[Job],
+    now: float,
+    node_timeout_s: float,
+    calibration: Calibration = UNCALIBRATED,
 ) -> ClusterInputs:
     """The planning inputs: usable nodes by id, non-terminal jobs by submission time."""
+    slowdown = dict(calibration.job_slowdown)
     usable = tuple(
         NodeView(n.id, n.slots)
         for n in sorted(nodes, key=lambda n: n.id)
@@ -66,27 +81,38 @@ def snapshot(
     orphans: list[Orphan] = []
     for job in sorted(jobs, key=lambda j: (j.submitted_at, j.id)):
         if not job.state.terminal:
-            views.append(job_view(job, usable_ids))
+            views.append(job_view(job, usable_ids, slowdown.get(job.id, 1.0)))
             continue
         live = sum(w.state in LIVE for w in job.workers)
         if live:
             orphans.append(Orphan(job.id, job.state, job.generation, live))
-    return ClusterInputs(usable, tuple(views), tuple(orphans))
+    # Slowdowns now live in the demands; the rest of the calibration is cluster-wide.
+    cluster_wide = replace(calibration, job_slowdown=())
+    return ClusterInputs(usable, tuple(views), tuple(orphans), cluster_wide)
 
 
-def job_view(job: Job, usable: set[str]) -> JobView:
+def job_view(job: Job, usable: set[str], slowdown: float = 1.0) -> JobView:
     pending = job.state == JobState.PENDING
     ranks = () if pending else held_ranks(job, usable)
     faulted = not pending and job.needs_recovery()
     # Losing a rank's node hits the job like a fault: every choice costs it a transition.
     lost_rank = job.state in ACTIVE_STATES and len(ranks) < job.world_size
+    spec = job.spec
     demand = JobDemand(
         job_id=job.id,
-        weight=job.spec.weight,
-        min_workers=job.spec.min_workers,
-        max_workers=job.spec.max_workers,
+        weight=spec.weight,
+        min_workers=spec.min_workers,
+        max_workers=spec.max_workers,
         current=len(ranks),
         hit=faulted or lost_rank,
+        shape=ModelShape.of(spec.model),
+        global_batch=spec.global_batch,
+        micro_batch=spec.micro_batch,
+        checkpoint_every=spec.checkpoint_every,
+        world_size=0 if pending else job.world_size,
+        recovery=job.last_failure.action if faulted and job.last_failure else None,
+        resume=pending and job.step > 0,
+        slowdown=slowdown,
     )
     failure = describe(job.last_failure) if faulted and job.last_failure else None
     return JobView(demand, job.state, job.world_size, job.generation, ranks, failure)
@@ -107,34 +133,63 @@ def describe(failure: FailureRecord) -> str:
     return f"{failure.category}{where} (failure {failure.failure_id}, gen {failure.generation})"
 
 
+def calibrated(objective: Objective, inputs: ClusterInputs) -> Objective:
+    """The objective with measured transition costs and D_run from the failure rate."""
+    calibration = inputs.calibration
+    cost = objective.cost.calibrated(dict(calibration.transition_factors))
+    run_s = objective.run_s
+    if calibration.failure_rate_per_gpu_h:
+        run_s = run_time(calibration.failure_rate_per_gpu_h, inputs.capacity)
+    return replace(objective, cost=cost, run_s=run_s)
+
+
+def run_time(rate_per_gpu_h: float, gpus: int) -> float:
+    """D_run: expected seconds to the next failure anywhere among ``gpus`` GPUs."""
+    return 3600.0 / (rate_per_gpu_h * max(gpus, 1))
+
+
 def plan_cluster(inputs: ClusterInputs, objective: Objective) -> PlanDraft:
-    """Allocate, place and name an action for every job, plus a STOP for each orphan."""
-    demands = [v.demand for v in inputs.jobs]
-    workers = allocate(demands, inputs.capacity, objective)
+    """Allocate, place, name and explain an action for every job, plus a STOP per orphan."""
+    started = time.perf_counter()
+    capacity = inputs.capacity
+    objective = calibrated(objective, inputs)
+    terms = all_terms([v.demand for v in inputs.jobs], capacity, objective)
+    rewards = stack(terms, capacity // objective.unit + 1)
+    keep = keep_units(terms)
+    solution = dp.optimise(rewards, keep)
+    ks, totals = alternative_sets(rewards, solution, terms, keep)
+    units = [int(u) for u in solution.units]
+    workers = [t.workers(u) for t, u in zip(terms, units, strict=True)]
     requests = [
-        PlacementRequest(v.job_id, x, v.ranks) for v, x in zip(inputs.jobs, workers, strict=True)
+        PlacementRequest(v.job_id, x, v.ranks, group=max(1, int(t.curve.tp[u])))
+        for v, x, t, u in zip(inputs.jobs, workers, terms, units, strict=True)
     ]
     nodes = place(inputs.nodes, requests)
     allocations: list[JobAllocation] = []
-    waf = 0.0
-    for view, x in zip(inputs.jobs, workers, strict=True):
-        rate = float(objective.throughput.throughput(view.demand, np.array([x]))[0])
-        waf += view.demand.weight * rate
-        action, reason = decide(view, x, nodes[view.job_id], inputs.capacity)
+    for i, view in enumerate(inputs.jobs):
+        why = explain(terms[i], units[i], ks[i], totals[i], solution.total)
+        action, reason = decide(view, workers[i], nodes[view.job_id], capacity)
         allocations.append(
             JobAllocation(
                 job_id=view.job_id,
-                workers=x,
+                workers=workers[i],
                 nodes=nodes[view.job_id],
                 action=action,
                 generation=view.generation,
                 previous_workers=0 if view.state == JobState.PENDING else view.world_size,
                 reason=reason,
-                predicted_throughput=rate,
+                predicted_throughput=why.predicted_throughput,
+                config=why.new_config,
+                explanation=why,
             )
         )
+    waf = sum(a.explanation.predicted_waf for a in allocations if a.explanation)
     allocations += [stop_orphan(o) for o in inputs.orphans]
-    return PlanDraft(allocations, inputs.capacity - sum(workers), waf)
+    elapsed_ms = (time.perf_counter() - started) * 1e3
+    free = capacity - sum(workers)
+    return PlanDraft(
+        allocations, free, waf, solution.total, objective.run_s, objective.unit, elapsed_ms
+    )
 
 
 def decide(view: JobView, x: int, nodes: Sequence[str], capacity: int) -> tuple[PlanAction, str]:

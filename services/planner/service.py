@@ -1,13 +1,17 @@
-"""The planner service: triggers in, plans out.
+"""The planner service: one active instance under a lease; triggers in, plans out.
 
-Level-triggered: every planning pass rebuilds its inputs from Redis, so events only say
-*when* to look, never *what* is true. Event handlers mark the planner dirty and return at
-once; one planning task waits ``planner_debounce_s`` after the first trigger and plans once
-for the whole burst. A reconcile tick re-reads the cluster every ``planner_reconcile_s`` and
-plans if the inputs changed (a node whose heartbeats stopped, an event missed while down).
+Lifecycle: an instance stands by until it takes the ``planner`` lease (shared/lease.py), then
+serves a *term*: it subscribes to the events and step reports, plans, and stamps every plan
+with the lease's fencing epoch; when the lease is lost it drops its subscriptions and stands
+by again. A killed active instance is replaced by a standby within the lease's TTL, and
+the executor refuses any plan whose epoch is older than the lease's.
 
-A plan is saved and announced only when it is news (see ``planning.needs_publish``), so
-repeated passes over an unchanged cluster publish nothing.
+Level-triggered: every planning pass rebuilds its inputs from Redis (records and calibration),
+so events only say *when* to look, never *what* is true. Event handlers mark the planner dirty
+and return at once; one planning task waits ``planner_debounce_s`` after the first trigger and
+plans once for the whole burst. A reconcile tick re-reads the cluster every
+``planner_reconcile_s`` and plans if the inputs changed, naming what it saw change. A plan is
+saved and announced only when it is news (``planning.needs_publish``).
 """
 
 from __future__ import annotations
@@ -15,10 +19,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import replace
 
 from services.planner.api import ClusterInputs
-from services.planner.planning import QUIET, PlanDraft, needs_publish, plan_cluster, snapshot
+from services.planner.calibration import CalibrationStore
+from services.planner.feedback import Feedback
+from services.planner.planning import PlanDraft, needs_publish, plan_cluster, snapshot
+from services.planner.publish import announce, changes, summarise
 from services.planner.settings import PlannerSettings
+from services.planner.throughput import MegatronThroughput
 from shared.bus import Bus, parse_event
 from shared.events import (
     CloudEvent,
@@ -27,19 +36,22 @@ from shared.events import (
     JobSubmitted,
     NodeJoined,
     NodeLost,
-    PlanCreated,
-    PlannedJob,
+    NodeStateChanged,
+    TransitionCompleted,
 )
+from shared.lease import PLANNER_LEASE, Lease
 from shared.logging import get_logger
+from shared.messages import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from shared.models import Plan, now
 from shared.service import ServiceBody
 from shared.state import StateStore
 
 EVENTS_SUBJECT = "unicron.events.>"
+STEPS_SUBJECT = f"{REPORT_SUBJECT_PREFIX}*.step_completed"
 DURABLE = "planner"
 TRIGGERS = frozenset(
     t.TYPE for t in (JobSubmitted, JobStateChanged, FailureDetected, NodeJoined, NodeLost)
-)
+) | {NodeStateChanged.TYPE}
 RECONCILE = "reconcile"
 
 log = get_logger(component="planner")
@@ -58,6 +70,15 @@ class Planner:
         self.settings = settings
         self.objective = settings.objective()
         self.clock = clock
+        ttl = settings.planner_lease_ttl_s
+        self.lease = Lease(state.redis, PLANNER_LEASE, ttl, prefix=state.prefix)
+        store = CalibrationStore(
+            state.redis, settings.failure_prior, settings.planner_calibration_alpha
+        )
+        model = self.objective.throughput
+        self.calibration = store
+        steps = model if isinstance(model, MegatronThroughput) else None
+        self.feedback = Feedback(state, store, steps)
         self._wake = asyncio.Event()
         self._triggers: list[str] = []
         self._last_inputs: ClusterInputs | None = None  # only saves work; Redis is the truth
@@ -66,28 +87,74 @@ class Planner:
         """Bus handler: note the trigger and return, so a burst is acked at once."""
         if event.type in TRIGGERS:
             self.trigger(f"{event.type} {event.subject or ''}".rstrip())
+        data = event.typed()
+        if isinstance(data, TransitionCompleted):
+            await self.feedback.on_transition(event.id, data)
+        elif isinstance(data, FailureDetected):
+            await self.feedback.on_failure(data)
+        elif isinstance(data, JobStateChanged) and data.new.terminal:
+            self.feedback.forget(data.job_id)
+            await self.calibration.forget_job(data.job_id)
 
     def trigger(self, why: str) -> None:
         self._triggers.append(why)
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.trigger("startup")  # converge at once after a restart, events or not
-        await self.bus.consume(EVENTS_SUBJECT, DURABLE, parse_event, self.on_event)
-        tasks = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._tick())]
+        """Stand by, serve a term while the lease is ours, stand by again; release on stop."""
         try:
-            await stop.wait()
+            while await self.lease.acquire(stop):
+                try:
+                    await self._term(stop)
+                except Exception:
+                    # NATS away past its retries, say: let another instance try, then retry.
+                    log.exception("planner term failed; standing by")
+                    await self.lease.release()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), self.lease.ttl_s)
+        finally:
+            await self.lease.release()
+
+    async def _term(self, stop: asyncio.Event) -> None:
+        log.info("planner active", epoch=self.lease.epoch, holder=self.lease.holder)
+        self._last_inputs = None
+        self.trigger(f"planner active (epoch {self.lease.epoch})")  # converge at once
+        # Subscriptions live on a connection of their own: closing it ends them, so a standby
+        # takes no events away from the active instance's durable consumers.
+        term_bus = await Bus.connect(self.settings.nats_url, source="unicron/planner")
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            await term_bus.consume(EVENTS_SUBJECT, DURABLE, parse_event, self.on_event)
+            await term_bus.consume(
+                STEPS_SUBJECT, "planner-steps", WORKER_REPORT.validate_json,
+                self.feedback.on_report, deliver_new=True,
+            )  # fmt: skip
+            tasks = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._tick())]
+            await self.lease.keep(stop)
         finally:
             for task in tasks:
                 task.cancel()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            with contextlib.suppress(Exception):
+                await term_bus.close()
+        if not stop.is_set():
+            log.warning("planner standing by: lease lost", epoch=self.lease.epoch)
 
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.settings.planner_reconcile_s)
+            try:
+                await self.feedback.flush()
+                await self.feedback.exposure(self._busy_gpus())
+            except Exception:
+                log.exception("calibration update failed; will retry")
             self.trigger(RECONCILE)
+
+    def _busy_gpus(self) -> int:
+        inputs = self._last_inputs
+        return sum(v.world_size for v in inputs.jobs if v.active) if inputs else 0
 
     async def _plan_loop(self) -> None:
         while True:
@@ -96,88 +163,59 @@ class Planner:
             self._wake.clear()
             triggers, self._triggers = self._triggers, []
             try:
-                await self.plan_once(summarise(triggers))
+                await self.plan_once(summarise(triggers, RECONCILE))
             except Exception:
                 # Keep the triggers; the next reconcile tick retries with fresh inputs.
                 self._triggers = triggers + self._triggers
                 log.exception("planning failed; will retry", triggers=len(triggers))
 
+    async def inputs(self) -> ClusterInputs:
+        nodes, jobs, calibration = await asyncio.gather(
+            self.state.list_nodes(), self.state.list_jobs(), self.calibration.load()
+        )
+        if self.settings.planner_run_s is not None:  # a fixed D_run overrides the estimate
+            calibration = replace(calibration, failure_rate_per_gpu_h=None)
+        return snapshot(nodes, jobs, self.clock(), self.settings.node_timeout_s, calibration)
+
     async def plan_once(self, trigger: str) -> Plan | None:
         """Plan from the cluster as it is now; the published plan, or None if nothing new."""
-        nodes, jobs = await asyncio.gather(self.state.list_nodes(), self.state.list_jobs())
-        inputs = snapshot(nodes, jobs, self.clock(), self.settings.node_timeout_s)
+        inputs = await self.inputs()
         if inputs == self._last_inputs:
             return None
+        if trigger == RECONCILE and self._last_inputs is not None:
+            trigger = changes(self._last_inputs, inputs) or trigger
         # The DP is O(m·n²): off the event loop, so acks and heartbeats keep flowing.
         draft = await asyncio.to_thread(plan_cluster, inputs, self.objective)
         plan = None
+        if not self.lease.held():
+            log.warning("lease not held; plan dropped", trigger=trigger)
+            return None
         if needs_publish(draft, await self.state.latest_plan()):
-            plan = await self._publish(draft, trigger)
+            plan = await self._publish(draft, trigger, inputs)
         else:
             log.debug("nothing to change", trigger=trigger, jobs=len(inputs.jobs))
         self._last_inputs = inputs
         return plan
 
-    async def _publish(self, draft: PlanDraft, trigger: str) -> Plan:
+    async def _publish(self, draft: PlanDraft, trigger: str, inputs: ClusterInputs) -> Plan:
         plan = Plan(
             seq=await self.state.next_plan_seq(),
-            epoch=0,
+            epoch=self.lease.epoch,
             trigger=trigger,
             allocations=draft.allocations,
             free_slots=draft.free_slots,
             expected_waf=draft.expected_waf,
+            expected_reward=draft.expected_reward,
+            cluster=self.settings.planner_cluster,
+            unit_slots=draft.unit,
+            run_s=draft.run_s,
+            failure_rate_per_gpu_h=inputs.calibration.failure_rate_per_gpu_h,
+            planning_ms=draft.planning_ms,
         )
         # Saved before announced: whoever hears of the plan can read it.
         await self.state.save_plan(plan)
-        await self.bus.publish_event(plan_created(plan))
-        log.info(
-            "plan published",
-            plan_id=plan.id,
-            seq=plan.seq,
-            trigger=trigger,
-            expected_waf=plan.expected_waf,
-            free_slots=plan.free_slots,
-        )
-        for a in plan.allocations:
-            if a.action not in QUIET:
-                log.info(
-                    "job planned",
-                    job_id=a.job_id,
-                    action=a.action.value,
-                    workers=a.workers,
-                    previous_workers=a.previous_workers,
-                    reason=a.reason,
-                )
+        await announce(self.bus, plan)
         return plan
-
-
-def plan_created(plan: Plan) -> PlanCreated:
-    return PlanCreated(
-        plan_id=plan.id,
-        seq=plan.seq,
-        epoch=plan.epoch,
-        trigger=plan.trigger,
-        expected_waf=plan.expected_waf,
-        jobs=[
-            PlannedJob(
-                job_id=a.job_id,
-                action=a.action,
-                workers=a.workers,
-                previous_workers=a.previous_workers,
-            )
-            for a in plan.allocations
-        ],
-    )
-
-
-def summarise(triggers: list[str], shown: int = 3) -> str:
-    """A short trigger text: the distinct triggers in order, the rest counted."""
-    distinct = list(dict.fromkeys(triggers)) or [RECONCILE]
-    if len(distinct) > 1 and RECONCILE in distinct:
-        distinct.remove(RECONCILE)
-    text = ", ".join(distinct[:shown])
-    more = len(distinct) - shown
-    return f"{text} (+{more} more)" if more > 0 else text
 
 
 def planner_body(settings: PlannerSettings) -> ServiceBody:

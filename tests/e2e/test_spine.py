@@ -107,7 +107,7 @@ async def test_malformed_bus_messages_are_dead_lettered_while_jobs_run(
         job = (await client.post("/v1/jobs", json=small_job("dead-letter", steps=20))).json()
         await bus.js.publish("unicron.events.plan.created", b'{"garbage": true}')
         await bus.js.publish("unicron.reports.node-0.worker_exited", b"not json at all")
-        services = set()
+        services: set[str] = set()
         while len(services) < 3:  # planner + executor read plan.created; detector, executor reports
             letter = await asyncio.wait_for(letters.get(), 30)
             services.add(letter.service)

@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 
 from services.planner import dp
 from services.planner.api import JobDemand, Objective
-from services.planner.costs import ConstantDowntime
+from services.planner.clusters import A100
+from services.planner.costs import ConstantDowntime, ModelledDowntime
 from services.planner.objective import allocate, reward_matrix, value
-from services.planner.throughput import LinearThroughput
+from services.planner.spec import ModelShape
+from services.planner.throughput import LinearThroughput, MegatronThroughput
 
 # Weights and times that are exact in binary floating point, so ties are exact ties.
 WEIGHTS = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])
@@ -161,3 +163,95 @@ def test_plans_32_jobs_on_1024_slots_quickly() -> None:
     got = allocate(demands, 1024, objective)
     assert time.perf_counter() - start < 5.0  # ~0.1 s; generous for a loaded machine
     assert sum(got) <= 1024
+
+
+# --- with the real models: Megatron throughput on A100 nodes, modelled transition costs -------
+
+SHAPES = [
+    ModelShape(24, 16, 2048, 2048, 51200),  # 1.3B
+    ModelShape(32, 32, 4096, 2048, 51200),  # 6.7B: needs several GPUs
+    ModelShape(40, 40, 5120, 2048, 51200),  # 13B
+]
+NODE_OBJECTIVE = Objective(MegatronThroughput(A100), ModelledDowntime(A100), run_s=600.0, unit=8)
+
+
+@st.composite
+def node_instances(
+    draw: st.DrawFn, max_jobs: int = 4, max_nodes: int = 5
+) -> tuple[list[JobDemand], int]:
+    """Jobs whose bounds are not multiples of a node, some running, some hit by a fault."""
+    gpus = 8 * draw(st.integers(0, max_nodes))
+    free, demands = gpus, []
+    for i in range(draw(st.integers(0, max_jobs))):
+        lo = draw(st.integers(1, 40))
+        hi = draw(st.integers(lo, 48))
+        current = draw(st.integers(0, min(free, hi)))
+        free -= current
+        hit = current > 0 and draw(st.booleans())
+        demands.append(
+            JobDemand(
+                f"j{i}", draw(WEIGHTS), lo, hi, current, hit, shape=draw(st.sampled_from(SHAPES)),
+                global_batch=512, micro_batch=1, world_size=current,
+                recovery="restart" if hit else None,
+            )
+        )  # fmt: skip
+    return demands, gpus
+
+
+def best_by_brute_force(rewards: np.ndarray, fixed: tuple[int, int] | None = None) -> float:
+    """max Σ G over every allocation of at most n units (with job i at k if ``fixed``)."""
+    m, width = rewards.shape
+    choices = [np.flatnonzero(np.isfinite(rewards[i])).tolist() for i in range(m)]
+    if fixed is not None:
+        choices[fixed[0]] = [fixed[1]]
+    best = -np.inf
+    for ks in itertools.product(*choices):
+        if sum(ks) < width:
+            best = max(best, sum(rewards[i, k] for i, k in enumerate(ks)))
+    return float(best)
+
+
+@settings(max_examples=150, deadline=None)
+@given(node_instances())
+def test_dp_equals_brute_force_with_the_real_models(instance: tuple[list[JobDemand], int]) -> None:
+    demands, gpus = instance
+    rewards = reward_matrix(demands, gpus, NODE_OBJECTIVE)
+    got = allocate(demands, gpus, NODE_OBJECTIVE)
+    assert value(demands, got, NODE_OBJECTIVE) == pytest.approx(best_by_brute_force(rewards))
+    assert sum(-(-x // 8) for x in got) <= gpus // 8  # whole nodes, never more than there are
+    for d, x in zip(demands, got, strict=True):
+        assert x == 0 or d.min_workers <= x <= d.max_workers
+
+
+@settings(max_examples=100, deadline=None)
+@given(node_instances(max_jobs=3, max_nodes=4))
+def test_alternatives_are_the_best_plan_making_that_choice(
+    instance: tuple[list[JobDemand], int],
+) -> None:
+    demands, gpus = instance
+    rewards = reward_matrix(demands, gpus, NODE_OBJECTIVE)
+    keep = [dp.NO_KEEP] * len(demands)
+    solution = dp.optimise(rewards, keep)
+    every = [np.arange(rewards.shape[1]) for _ in demands]
+    for i, totals in enumerate(dp.alternatives(rewards, solution, every)):
+        for k, total in enumerate(totals):
+            want = best_by_brute_force(rewards, (i, k)) if np.isfinite(rewards[i, k]) else -np.inf
+            assert total == pytest.approx(want)
+            assert total <= solution.total + 1e-6 * abs(solution.total)
+
+
+@settings(max_examples=100, deadline=None)
+@given(node_instances(max_jobs=3), st.sampled_from(SHAPES), st.integers(1, 24), st.integers(0, 24))
+def test_higher_weight_never_gets_fewer_with_the_real_models(
+    instance: tuple[list[JobDemand], int], shape: ModelShape, lo: int, span: int
+) -> None:
+    others, gpus = instance
+    twins = [
+        JobDemand(name, w, lo, lo + span, shape=shape, global_batch=512, micro_batch=1)
+        for name, w in (("lo", 1.0), ("hi", 2.0))
+    ]
+    for order in ([*others, *twins], [twins[1], *others, twins[0]]):
+        got = dict(
+            zip([d.job_id for d in order], allocate(order, gpus, NODE_OBJECTIVE), strict=True)
+        )
+        assert got["hi"] >= got["lo"]

@@ -3,131 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 
-import pytest
-
-from shared.bus import Bus, parse_event
-from shared.events import CloudEvent, FailureDetected, JobSubmitted, PlanCreated
+from shared.bus import Bus
+from shared.events import FailureDetected, NodeStateChanged, PlanCreated
 from shared.models import (
     FailureRecord,
     Job,
     JobSpec,
     JobState,
     NodeRecord,
-    Plan,
+    NodeState,
     PlanAction,
     WorkerRecord,
     WorkerState,
     now,
 )
-from shared.procs import die_with_parent
 from shared.state import StateStore
 from shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
-
-REPO = Path(__file__).resolve().parents[2]
-NODES = ("node-a", "node-b")
-WAIT_S = 15.0
-
-StartPlanner = Callable[..., subprocess.Popen[bytes]]
-
-
-@pytest.fixture
-def start_planner(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[StartPlanner]:
-    """Start ``python -m services.planner``; every one started is stopped at the end."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(**settings: str) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "UNICRON_NATS_URL": nats_url,
-            "UNICRON_REDIS_URL": redis_url,
-            **{f"UNICRON_{k.upper()}": v for k, v in settings.items()},
-        }
-        with (tmp_path / f"planner-{len(procs)}.log").open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "services.planner"],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
-            )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    for log in sorted(tmp_path.glob("planner-*.log")):
-        print(f"--- {log.name}\n{log.read_text()[-4000:]}")  # shown when a test fails
-
-
-@pytest.fixture
-async def nodes(state: StateStore) -> AsyncIterator[tuple[str, ...]]:
-    """Two READY nodes of two slots whose heartbeats stay fresh while the test runs."""
-    for node_id in NODES:
-        await state.put_node(NodeRecord(id=node_id, slots=2))
-
-    def beat(node: NodeRecord) -> None:
-        node.last_heartbeat = now()
-
-    async def heartbeats() -> None:
-        while True:
-            for node_id in NODES:
-                await state.update_node(node_id, beat)
-            await asyncio.sleep(0.5)
-
-    task = asyncio.create_task(heartbeats())
-    yield NODES
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-@pytest.fixture
-async def plans(bus: Bus) -> asyncio.Queue[PlanCreated]:
-    queue: asyncio.Queue[PlanCreated] = asyncio.Queue()
-
-    async def put(event: CloudEvent) -> None:
-        data = event.typed()
-        assert isinstance(data, PlanCreated)
-        await queue.put(data)
-
-    await bus.consume("unicron.events.plan.created", "test-plans", parse_event, put)
-    return queue
-
-
-async def submit(state: StateStore, bus: Bus | None, job_id: str, **spec: int) -> Job:
-    """Store a PENDING job and, with a bus, announce it as the API does."""
-    job = Job(id=job_id, name=job_id, spec=JobSpec(name=job_id, global_batch=64, **spec))
-    await state.create_job(job)
-    if bus is not None:
-        await bus.publish_event(JobSubmitted(job_id=job.id, name=job.name, spec=job.spec))
-    return job
-
-
-async def next_plan(plans: asyncio.Queue[PlanCreated], state: StateStore) -> Plan:
-    event = await asyncio.wait_for(plans.get(), WAIT_S)
-    plan = await state.get_plan(event.plan_id)
-    assert plan is not None and plan.seq == event.seq
-    return plan
-
-
-def summary(plan: Plan) -> dict[str, tuple[PlanAction, int]]:
-    return {a.job_id: (a.action, a.workers) for a in plan.allocations}
+from tests.planner.live import StartPlanner, next_plan, submit, summary
 
 
 async def test_submitted_job_starts_on_two_workers(
@@ -157,8 +51,10 @@ async def test_a_burst_of_submissions_yields_one_plan(
     plans: asyncio.Queue[PlanCreated],
 ) -> None:
     # A job already stored, with no event: the startup pass plans it, and after that plan
-    # nothing is pending in the planner (the reconcile tick is pushed out of the way).
-    await submit(state, None, "job-0", min_workers=2, max_workers=2)
+    # nothing is pending in the planner (the reconcile tick is pushed out of the way). Two
+    # workers earn less than twice one (the all-reduce), so job-0 keeps its slots over two
+    # one-worker jobs only by weight.
+    await submit(state, None, "job-0", min_workers=2, max_workers=2, weight=2.0)
     start_planner(planner_reconcile_s="60")
     assert summary(await next_plan(plans, state)) == {"job-0": (PlanAction.START, 2)}
 
@@ -233,14 +129,43 @@ async def test_a_restarted_planner_converges(
     bus: Bus,
     plans: asyncio.Queue[PlanCreated],
 ) -> None:
-    first = start_planner()
+    first = start_planner(planner_lease_ttl_s="1")  # the successor waits out its lease
     await submit(state, bus, "job-1", min_workers=2, max_workers=2)
     assert summary(await next_plan(plans, state)) == {"job-1": (PlanAction.START, 2)}
 
     first.kill()  # SIGKILL: no clean shutdown, the durable consumer stays behind
     await asyncio.to_thread(first.wait)
     await submit(state, bus, "job-2", min_workers=2, max_workers=2)
-    start_planner()
+    start_planner(planner_lease_ttl_s="1")
     plan = await next_plan(plans, state)
     assert summary(plan) == {"job-1": (PlanAction.START, 2), "job-2": (PlanAction.START, 2)}
     assert sorted(plan.for_job("job-2").nodes) == ["node-b", "node-b"]  # type: ignore[union-attr]
+
+
+async def test_a_node_back_from_quarantine_is_planned_at_once(
+    start_planner: StartPlanner,
+    nodes: tuple[str, ...],
+    state: StateStore,
+    bus: Bus,
+    plans: asyncio.Queue[PlanCreated],
+) -> None:
+    def quarantine(node: NodeRecord) -> None:
+        node.state = NodeState.QUARANTINED
+
+    await state.update_node("node-b", quarantine)
+    start_planner(planner_reconcile_s="60")  # only the event can wake it in time
+    await submit(state, bus, "job-1", min_workers=1, max_workers=4)
+    first = await next_plan(plans, state)
+    assert first.for_job("job-1").nodes == ["node-a", "node-a"]  # type: ignore[union-attr]
+
+    def release(node: NodeRecord) -> None:
+        node.state = NodeState.READY
+
+    await state.update_node("node-b", release)
+    ended = NodeStateChanged(
+        node_id="node-b", old=NodeState.QUARANTINED, new=NodeState.READY, reason="cooldown over"
+    )
+    await bus.publish_event(ended)
+    plan = await next_plan(plans, state)
+    assert "node.state_changed node-b" in plan.trigger
+    assert sorted(plan.for_job("job-1").nodes) == ["node-a"] * 2 + ["node-b"] * 2  # type: ignore[union-attr]
