@@ -190,6 +190,16 @@ class StepCompleted(_WorkerMessage):
     resumed_from: int | None = None
 
 
+class WorkerHello(_Message):
+    """Local channel only: a worker's first line, so its agent can direct it before its first
+    report. Not a report: never forwarded to the bus."""
+
+    kind: Literal["hello"] = "hello"
+    job_id: str
+    generation: int
+    rank: int
+
+
 class WorkerPhase(_WorkerMessage):
     """Local channel only: the worker enters a phase of a step. Lets the agent tell a rank that
     hangs in its own compute from the peers that wait for it in the collective."""

@@ -1,8 +1,8 @@
 """Local channel between a worker and its node agent: a unix stream socket of JSON lines.
 
-Worker → agent: each report model (``StepCompleted``, ``WorkerException``, …) as one line of
-``model_dump_json()``. Agent → worker: JSON objects, one per line, handed to a callback
-(fault-injection directives and whatever else the agent will need to say).
+Worker → agent: a ``Hello`` line, then each report model (``StepCompleted``, ``WorkerPhase``,
+``WorkerException``, …) as one line of ``model_dump_json()``. Agent → worker: JSON objects,
+one per line, handed to a callback (fault directives and whatever else the agent will say).
 
 Training must never wait on the agent (DESIGN.md §6), so :meth:`AgentChannel.send` only puts
 the report on a bounded queue; a daemon thread connects, reconnects and writes. When the queue

@@ -9,6 +9,7 @@ gives the gradient of the global batch's mean loss — the update a single proce
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,15 @@ WEIGHT_DECAY = 0.01
 
 class NonFiniteLossError(FloatingPointError):
     """The global loss of a step was NaN or infinite; training would only get worse."""
+
+
+class StepHooks(Protocol):
+    """Told where a step is, so a monitor can time this rank's own compute and tell the
+    agent which phase a silent rank is stuck in (its compute or the collective)."""
+
+    def before_compute(self, step: int) -> None: ...
+
+    def before_collective(self, step: int) -> None: ...
 
 
 def micro_batches_for(rank: int, world: int, total: int) -> list[int]:
@@ -80,15 +90,20 @@ def train_step(
     rank: int,
     world: int,
     group: dist.ProcessGroup | None,
+    hooks: StepHooks | None = None,
 ) -> float:
     """One optimizer step on the global batch of ``step``; returns its mean loss.
 
     Raises :class:`NonFiniteLossError` before touching the weights when the loss is not
     finite; every rank sees the same reduced loss, so all of them raise together.
     """
+    if hooks is not None:
+        hooks.before_compute(step)
     optimizer.zero_grad(set_to_none=True)
     indices = micro_batches_for(rank, world, spec.micro_batches)
     loss_sum = local_gradients(model, spec, step, indices)
+    if hooks is not None:
+        hooks.before_collective(step)
     loss = all_reduce_mean(model, loss_sum, spec.micro_batches, group)
     if not math.isfinite(loss):
         raise NonFiniteLossError(f"non-finite loss {loss} at step {step}")

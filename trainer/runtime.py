@@ -1,7 +1,8 @@
 """The worker runtime: one rank of one generation of a job, from launch to exit code.
 
-It joins the generation's process group through the agent-hosted TCP store, resumes from the
-newest checkpoint, trains ``spec.steps`` steps and reports every step to the agent. Any
+It says hello to the agent, joins the generation's process group through the agent-hosted
+TCP store, resumes from the newest checkpoint and trains ``spec.steps`` steps, each watched by
+a :class:`~trainer.loop.StepMonitor` (phases, compute time, step reports, fault drills). Any
 exception is caught, classified and reported *before* the process dies, so the control plane
 knows why a rank failed within seconds (DESIGN.md §3); the exit code is then 1.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,12 +23,14 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
 from shared.logging import get_logger
-from shared.messages import StepCompleted, WorkerException, WorkerLaunch
+from shared.messages import WorkerException, WorkerHello, WorkerLaunch
 from trainer import checkpoint
 from trainer.channel import AgentChannel, Directive
 from trainer.classify import classify, describe_chain
+from trainer.faults import FaultInbox
+from trainer.loop import StepMonitor, Trainee, run_step
 from trainer.model import GPT, build_model
-from trainer.parallel import make_optimizer, train_step
+from trainer.parallel import make_optimizer
 
 log = get_logger(component="trainer.runtime")
 
@@ -73,14 +75,21 @@ def run(
     on_directive: Callable[[Directive], None] | None = None,
     options: RuntimeOptions | None = None,
 ) -> int:
-    """Train this rank to the end of the job; returns the process exit code (0 or 1)."""
+    """Train this rank to the end of the job; returns the process exit code (0 or 1).
+
+    Fault directives from the agent arm drills (:mod:`trainer.faults`); any other directive
+    goes to ``on_directive`` (logged when there is none).
+    """
     options = options or RuntimeOptions()
     torch.set_num_threads(1)  # ranks share the node's cores; oversubscription only slows all
-    channel = AgentChannel(launch.agent_socket, on_directive=on_directive or _log_directive)
+    inbox = FaultInbox(launch.rank, on_other=on_directive)
+    channel = AgentChannel(launch.agent_socket, on_directive=inbox.offer)
+    # Connects now, not at the first step, so the agent can reach this rank from the start.
+    channel.send(WorkerHello(job_id=launch.job_id, generation=launch.generation, rank=launch.rank))
     progress = _Progress()
     code = 0
     try:
-        _train(launch, channel, options, progress, fault_hook)
+        _train(launch, channel, inbox, options, progress, fault_hook)
     except Exception as exc:
         code = 1
         _report_exception(launch, channel, progress, exc)
@@ -94,6 +103,7 @@ def run(
 def _train(
     launch: WorkerLaunch,
     channel: AgentChannel,
+    inbox: FaultInbox,
     options: RuntimeOptions,
     progress: _Progress,
     fault_hook: FaultHook | None,
@@ -103,20 +113,17 @@ def _train(
     progress.backend = "nccl" if device.type == "cuda" else "gloo"
     model = build_model(spec.model, spec.seed, device)
     optimizer = make_optimizer(model)
-    group = _join_process_group(launch, progress.backend, options)
+    group = join_process_group(launch, progress.backend, options)
     start = _resume(launch, model, optimizer, group, device)
+    trainee = Trainee(launch, model, optimizer, group)
     resumed_from = start if start > 0 else None
+    monitor = StepMonitor(launch, channel, inbox, resumed_from=resumed_from, device=device)
     log.info("training", rank=launch.rank, world=launch.world_size, start=start, end=spec.steps)
     for step in range(start + 1, spec.steps + 1):
         progress.step = step
         if fault_hook is not None:
             fault_hook(StepContext(step, launch, model, optimizer))
-        began = time.perf_counter()
-        loss = train_step(model, optimizer, spec, step, launch.rank, launch.world_size, group)
-        channel.send(_step_report(launch, step, loss, time.perf_counter() - began, resumed_from))
-        resumed_from = None
-        if launch.rank == 0 and (step % spec.checkpoint_every == 0 or step == spec.steps):
-            checkpoint.save(launch.checkpoint_dir, step, checkpoint.capture(model, optimizer, step))
+        run_step(trainee, step, monitor)
 
 
 def _device() -> torch.device:
@@ -127,7 +134,7 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _join_process_group(
+def join_process_group(
     launch: WorkerLaunch, backend: str, options: RuntimeOptions
 ) -> dist.ProcessGroup:
     """Join this generation's group through the agent's store, under the generation's prefix.
@@ -179,21 +186,6 @@ def _resume(
     return int(step)
 
 
-def _step_report(
-    launch: WorkerLaunch, step: int, loss: float, iteration_s: float, resumed_from: int | None
-) -> StepCompleted:
-    return StepCompleted(
-        node_id=launch.node_id,
-        job_id=launch.job_id,
-        generation=launch.generation,
-        rank=launch.rank,
-        step=step,
-        loss=loss,
-        iteration_s=iteration_s,
-        resumed_from=resumed_from,
-    )
-
-
 def _report_exception(
     launch: WorkerLaunch, channel: AgentChannel, progress: _Progress, exc: Exception
 ) -> None:
@@ -215,11 +207,6 @@ def _report_exception(
             step=progress.step,
         )
     )
-
-
-def _log_directive(directive: Directive) -> None:
-    # Nothing acts on agent directives yet; logging them shows they arrived.
-    log.info("directive from agent", directive=directive)
 
 
 def _leave_process_group(failed: bool, backend: str) -> None:

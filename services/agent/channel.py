@@ -20,30 +20,27 @@ import socket
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from services.agent.outbox import Report, Sink
 from services.agent.supervisor import WorkerKey
 from shared.logging import get_logger
-from shared.messages import WORKER_REPORT, WorkerExited, WorkerHung, WorkerPhase, WorkerStarted
+from shared.messages import (
+    WORKER_REPORT,
+    WorkerExited,
+    WorkerHello,
+    WorkerHung,
+    WorkerPhase,
+    WorkerStarted,
+)
 
 MAX_LINE = 1 << 20  # a report is a few hundred bytes; anything near this is garbage
 SEND_TIMEOUT_S = 1.0
 # the agent's own reports about a worker; a worker sending one would be forging it
 AGENT_ONLY = (WorkerStarted, WorkerExited, WorkerHung)
 log = get_logger(component="channel")
-
-
-class WorkerHello(BaseModel):
-    """Optional first line of a worker: who it is, before its first report."""
-
-    model_config = ConfigDict(extra="ignore")
-    kind: Literal["hello"]
-    job_id: str
-    generation: int
-    rank: int
 
 
 class _Conn:

@@ -31,13 +31,26 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = ModelConfig(n_layer=1, n_head=2, d_model=32, seq_len=16, vocab=64)
 
 
+# Lines a real agent keeps to itself instead of forwarding: who a worker is, and its phases.
+LOCAL_KINDS = ("hello", "worker_phase")
+# Put on ``local`` by the stand-in when a worker's connection ends: all its lines are in.
+DISCONNECTED = "disconnected"
+
+
 class AgentStandIn:
-    """A unix-socket server that plays the agent's side of the local channel."""
+    """A unix-socket server that plays the agent's side of the local channel.
+
+    Reports the agent would forward arrive on ``lines``; hellos, phases and the stand-in's own
+    ``{"kind": "disconnected", "rank": r}`` when a worker's connection ends, on ``local``.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.local: queue.Queue[dict[str, Any]] = queue.Queue()
         self.connections: queue.Queue[socket.socket] = queue.Queue()
+        self._by_rank: dict[int, socket.socket] = {}
+        self._hello = threading.Condition()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(path)
         self._server.listen()
@@ -53,26 +66,49 @@ class AgentStandIn:
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn: socket.socket) -> None:
+        rank = None
         with conn.makefile("rb") as stream:
             for line in stream:
-                self.lines.put(json.loads(line))
+                message = json.loads(line)
+                local = isinstance(message, dict) and message.get("kind") in LOCAL_KINDS
+                (self.local if local else self.lines).put(message)
+                if local and message["kind"] == "hello":
+                    rank = message["rank"]
+                    with self._hello:
+                        self._by_rank[rank] = conn
+                        self._hello.notify_all()
+        self.local.put({"kind": DISCONNECTED, "rank": rank})
 
     def next(self, timeout_s: float = 20.0) -> dict[str, Any]:
         return self.lines.get(timeout=timeout_s)
 
     def collect(
-        self, done: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30.0
+        self,
+        done: Callable[[list[dict[str, Any]]], bool],
+        timeout_s: float = 30.0,
+        local: bool = False,
     ) -> list[dict[str, Any]]:
-        """Reports received until ``done(reports)`` holds; fails the test on timeout."""
-        reports: list[dict[str, Any]] = []
+        """Reports (hellos and phases with ``local``) received until ``done(received)``
+        holds; fails the test on timeout."""
+        source = self.local if local else self.lines
+        received: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout_s
-        while not done(reports):
+        while not done(received):
             left = deadline - time.monotonic()
             try:
-                reports.append(self.lines.get(timeout=max(left, 0.001)))
+                received.append(source.get(timeout=max(left, 0.001)))
             except queue.Empty:
-                raise AssertionError(f"timed out; got {reports}") from None
-        return reports
+                raise AssertionError(f"timed out; got {received}") from None
+        return received
+
+    def send(self, line: bytes | dict[str, Any], rank: int = 0, timeout_s: float = 30.0) -> None:
+        """Write one line to the worker of ``rank``, waiting for its hello if need be."""
+        with self._hello:
+            if not self._hello.wait_for(lambda: rank in self._by_rank, timeout_s):
+                raise AssertionError(f"no hello from rank {rank}")
+            conn = self._by_rank[rank]
+        data = line if isinstance(line, bytes) else json.dumps(line).encode()
+        conn.sendall(data.rstrip(b"\n") + b"\n")
 
     def close(self) -> None:
         """Go away like a dead agent: the listener and every connection end."""
@@ -84,22 +120,50 @@ class AgentStandIn:
             conn.close()
 
 
+class StoreHost:
+    """The rendezvous TCP store, hosted by the test. Workers wait (retrying) until it is up,
+    so a test that holds it back knows they have not started training yet."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._store: TCPStore | None = None
+
+    def start(self) -> None:
+        timeout = timedelta(seconds=30)
+        self._store = TCPStore(
+            "127.0.0.1", self.port, is_master=True, wait_for_workers=False, timeout=timeout
+        )
+
+    def stop(self) -> None:
+        self._store = None  # the server thread ends with the last reference
+
+
 @contextmanager
-def agent_and_store() -> Iterator[tuple[AgentStandIn, Rendezvous, Path]]:
-    """An agent socket, a TCP store hosted here, and a short scratch directory."""
+def agent_and_held_store() -> Iterator[tuple[AgentStandIn, Rendezvous, Path, StoreHost]]:
+    """An agent socket, a TCP store not started yet, and a short scratch directory."""
     # AF_UNIX paths are limited to ~100 bytes; pytest's tmp_path can be longer.
     scratch = Path(tempfile.mkdtemp(prefix="unicron-", dir="/tmp"))
     agent = AgentStandIn(str(scratch / "agent.sock"))
-    port = free_port()
-    store = TCPStore(
-        "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-    )
+    store = StoreHost()
     try:
-        yield agent, Rendezvous(host="127.0.0.1", port=port, prefix="job-t/gen-1/"), scratch
+        yield (
+            agent,
+            Rendezvous(host="127.0.0.1", port=store.port, prefix="job-t/gen-1/"),
+            scratch,
+            store,
+        )
     finally:
         agent.close()
-        del store
+        store.stop()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextmanager
+def agent_and_store() -> Iterator[tuple[AgentStandIn, Rendezvous, Path]]:
+    """An agent socket, a TCP store hosted here, and a short scratch directory."""
+    with agent_and_held_store() as (agent, rendezvous, scratch, store):
+        store.start()
+        yield agent, rendezvous, scratch
 
 
 def make_spec(**overrides: Any) -> JobSpec:

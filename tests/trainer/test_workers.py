@@ -8,7 +8,7 @@ import subprocess
 from typing import Any
 
 from shared.taxonomy import FailureCategory
-from tests.trainer.harness import agent_and_store, make_launch, make_spec, spawn
+from tests.trainer.harness import DISCONNECTED, agent_and_store, make_launch, make_spec, spawn
 from trainer import checkpoint
 from trainer.model import build_model
 from trainer.parallel import make_optimizer, train_step
@@ -41,6 +41,9 @@ def test_two_workers_train_exactly_like_one_process() -> None:
         ]
         reports = agent.collect(lambda got: len(got) == 2 * spec.steps, timeout_s=60)
         assert finish(procs) == [0, 0]
+        local = agent.collect(
+            lambda got: sum(m["kind"] == DISCONNECTED for m in got) == 2, local=True
+        )
         found = checkpoint.load_latest(scratch / "ck")
 
     model = build_model(spec.model, spec.seed)
@@ -61,7 +64,18 @@ def test_two_workers_train_exactly_like_one_process() -> None:
         # Every rank reports the global batch's loss, the same a single process computes.
         assert abs(report["loss"] - losses[report["step"] - 1]) < 1e-5
         assert report["iteration_s"] > 0 and report["resumed_from"] is None
+        # Its own compute, without the wait for the peer in the all-reduce.
+        assert 0 < report["compute_s"] <= report["iteration_s"]
         assert report["job_id"] == "job-t" and report["generation"] == 1
+
+    # What the agent alone sees: who each worker is, then where in each step it is.
+    for rank in (0, 1):
+        said = [m for m in local if m.get("rank") == rank and m["kind"] != DISCONNECTED]
+        assert said[0]["kind"] == "hello" and said[0]["job_id"] == "job-t"
+        phases = [(m["phase"], m["step"]) for m in said[1:]]
+        expected = [(p, s) for s in range(1, spec.steps + 1) for p in ("compute", "collective")]
+        # Rank 0 writes the checkpoint of the last step.
+        assert phases == expected + ([("checkpoint", spec.steps)] if rank == 0 else [])
 
 
 def test_a_failing_rank_reports_its_fault_and_its_peer_reports_the_broken_link() -> None:
