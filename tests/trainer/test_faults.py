@@ -157,7 +157,8 @@ def test_a_slow_rank_computes_slowdown_times_longer_from_its_step() -> None:
     # The least disturbed step of each stretch: other load on the machine only adds time.
     before = min(r["compute_s"] for r in steps[1:8])  # step 1 warms caches up
     after = min(r["compute_s"] for r in steps[8:])
-    assert 2.5 < after / before < 4.0, (before, after)
+    # Millisecond steps on a shared machine: wide bounds, still far from 1x (no slowdown).
+    assert 2.0 < after / before < 5.0, (before, after)
 
 
 def test_malformed_directives_are_ignored_and_training_goes_on() -> None:
