@@ -27,9 +27,6 @@ from shared.messages import (
     DEADLETTER_SUBJECT,
     AnyWorkerReport,
     DeadLetter,
-    InjectFault,
-    StartWorker,
-    StopWorkers,
     command_subject,
     report_id,
     report_subject,
@@ -104,9 +101,7 @@ class Bus:
         log.debug("event published", type=event.type, id=event.id)
         return event
 
-    async def send_command(
-        self, node_id: str, command: StartWorker | StopWorkers | InjectFault
-    ) -> None:
+    async def send_command(self, node_id: str, command: AnyAgentCommand) -> None:
         payload = command.model_dump_json().encode()
         await self._publish(command_subject(node_id), payload, command.command_id)
 

@@ -55,6 +55,9 @@ class StartWorker(_Message):
     spec: JobSpec
     rendezvous: Rendezvous
     checkpoint_dir: str
+    state_source_rank: int | None = Field(
+        None, description="join a running generation: take the state from this live rank"
+    )
 
 
 class StopWorkers(_Message):
@@ -66,6 +69,33 @@ class StopWorkers(_Message):
     job_id: str
     below_generation: int | None = None
     reason: str = ""
+
+
+class RegroupDirective(_Message):
+    """Agent → worker over the local channel: re-form the process group in place under a new
+    generation (new store prefix), keeping the process and its memory (DESIGN.md §5)."""
+
+    directive: Literal["regroup"] = "regroup"
+    job_id: str
+    generation: int
+    rank: int
+    world_size: int
+    rendezvous: Rendezvous
+    state_source_rank: int | None = Field(
+        None, description="rank of the new group that broadcasts the training state"
+    )
+
+
+class RegroupWorker(_Message):
+    """Control plane → agent: hand ``directive`` to the live worker of ``from_generation`` and
+    ``from_rank``; idempotent on (job_id, directive.generation, from_rank)."""
+
+    kind: Literal["regroup_worker"] = "regroup_worker"
+    command_id: str = Field(default_factory=lambda: new_id("cmd"))
+    job_id: str
+    from_generation: int
+    from_rank: int
+    directive: RegroupDirective
 
 
 class WorkerLaunch(_Message):
@@ -80,6 +110,7 @@ class WorkerLaunch(_Message):
     rendezvous: Rendezvous
     checkpoint_dir: str
     agent_socket: str = Field(description="unix socket of the agent's local channel")
+    state_source_rank: int | None = None
 
 
 class FaultKind(str, Enum):
@@ -147,7 +178,8 @@ class FaultDirective(_Message):
     fault: FaultSpec
 
 
-AgentCommand = Annotated[StartWorker | StopWorkers | InjectFault, Field(discriminator="kind")]
+AnyAgentCommand = StartWorker | StopWorkers | InjectFault | RegroupWorker
+AgentCommand = Annotated[AnyAgentCommand, Field(discriminator="kind")]
 AGENT_COMMAND = TypeAdapter(AgentCommand)
 
 
@@ -209,6 +241,19 @@ class WorkerPhase(_WorkerMessage):
     step: int
 
 
+class WorkerRegrouped(_WorkerMessage):
+    """A worker joined a new generation in place (or as a joiner) and is ready to step."""
+
+    kind: Literal["worker_regrouped"] = "worker_regrouped"
+    pid: int
+    world_size: int
+    regroup_s: float = Field(description="directive received → new process group formed")
+    state_transfer_s: float = 0.0
+    state_source: Literal["memory", "peer", "checkpoint_memory", "disk", "none"]
+    resumed_step: int = Field(description="the step this worker will complete next")
+    reused_micro_batches: int = Field(0, description="micro-batches of the interrupted step kept")
+
+
 class WorkerHung(_WorkerMessage):
     """No step completed for longer than the hang threshold (3 x the running mean)."""
 
@@ -234,7 +279,13 @@ class WorkerException(_WorkerMessage):
 
 
 AnyWorkerReport = (
-    WorkerStarted | WorkerExited | StepCompleted | WorkerException | WorkerPhase | WorkerHung
+    WorkerStarted
+    | WorkerExited
+    | StepCompleted
+    | WorkerException
+    | WorkerPhase
+    | WorkerHung
+    | WorkerRegrouped
 )
 WorkerReport = Annotated[AnyWorkerReport, Field(discriminator="kind")]
 WORKER_REPORT = TypeAdapter(WorkerReport)
@@ -254,6 +305,8 @@ def report_id(report: AnyWorkerReport) -> str:
     base = f"{report.kind}:{report.job_id}:{report.generation}:{report.rank}"
     if isinstance(report, StepCompleted | WorkerPhase):
         return f"{base}:{report.step}"
+    if isinstance(report, WorkerRegrouped):
+        return f"{base}:{report.resumed_step}"
     if isinstance(report, WorkerHung):
         return f"{base}:{report.last_step}:{report.at:.3f}"
     return f"{base}:{report.pid}"
