@@ -25,6 +25,7 @@ from shared.events import CloudEvent, EventData
 from shared.logging import get_logger
 from shared.messages import (
     DEADLETTER_SUBJECT,
+    AnyAgentCommand,
     AnyWorkerReport,
     DeadLetter,
     command_subject,
