@@ -23,8 +23,13 @@ from shared.bus import Bus, parse_event
 from shared.events import CloudEvent
 from shared.procs import free_port
 
-# Drills fail nodes on purpose: keep them from being quarantined or jobs from giving up.
-DRILL_ENV = {"UNICRON_QUARANTINE_THRESHOLD": "1000000", "UNICRON_MAX_RECOVERIES": "1000000"}
+# Drills fail nodes on purpose: keep them from being quarantined, jobs from giving up, and the
+# planner from learning a failure rate of one a minute (which rightly stops it growing jobs).
+DRILL_ENV = {
+    "UNICRON_QUARANTINE_THRESHOLD": "1000000",
+    "UNICRON_MAX_RECOVERIES": "1000000",
+    "UNICRON_PLANNER_FAILURE_PRIOR_GPU_H": "1000000000",
+}
 
 
 def percentile(values: list[float], q: float) -> float:

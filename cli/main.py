@@ -10,6 +10,7 @@ from cli.demo import demo
 from cli.faults import fault
 from cli.jobs import cancel, status, submit
 from cli.plan import plan
+from cli.simulate import simulate
 from cli.stack import up
 
 app = typer.Typer(
@@ -31,6 +32,7 @@ app.command()(nodes)
 app.command()(events)
 app.command()(fault)
 app.command()(plan)
+app.command()(simulate)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+"""Recovery policies, one module each, registered by name.
+
+``unicron`` (:mod:`.unicron`), ``restart`` (Megatron-LM default restart, :mod:`.restart`),
+``oobleck`` (:mod:`.oobleck`), ``varuna`` (:mod:`.varuna`), ``bamboo`` (:mod:`.bamboo`). Each
+module's docstring gives the mechanism and the published figures its numbers come from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.planner.api import Calibration
+from simulator.policies.bamboo import Bamboo
+from simulator.policies.base import Policy
+from simulator.policies.oobleck import Oobleck
+from simulator.policies.restart import Restart
+from simulator.policies.unicron import Unicron
+from simulator.policies.varuna import Varuna
+
+BASELINES = ("restart", "oobleck", "varuna", "bamboo")
+NAMES = ("unicron", *BASELINES)
+
+
+def make_policy(
+    name: str,
+    calibration: Calibration,
+    measured_plan_time: bool = False,
+    baseline_allocation: str = "planner",
+) -> Policy:
+    """A fresh policy object (policies keep per-run state); ``baseline_allocation`` is how the
+    baselines split the cluster at the start: "planner" (Unicron's plan) or "fifo"."""
+    alloc = baseline_allocation
+    factories: dict[str, Callable[[], Policy]] = {
+        "unicron": lambda: Unicron(calibration, measured=measured_plan_time),
+        "restart": lambda: Restart(alloc),
+        "oobleck": lambda: Oobleck(alloc),
+        "varuna": lambda: Varuna(alloc),
+        "bamboo": lambda: Bamboo(alloc),
+    }
+    if name not in factories:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(NAMES)}, all")
+    return factories[name]()
+
+
+__all__ = ["BASELINES", "NAMES", "Policy", "make_policy"]

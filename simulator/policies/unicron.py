@@ -1,0 +1,189 @@
+"""``unicron``: our detector latencies, the planner itself, and its transition-cost model.
+
+Detection (measured by ``bench/detect.py``, DESIGN.md §3): an exception is reported in-band and
+a crash seen by the agent within 0.05-0.2 s (we charge ``EXCEPTION_S`` = 0.2 s); a hang is a
+step slower than 3x the running mean, seen after 3 x iteration + 0.5 s; a lost node after its
+3 missed 1-s heartbeats (``NODE_S`` = 3 s).
+
+Recovery, per the taxonomy: a SEV3 fault is reattempted in place and a SEV2 fault restarts the
+job's processes on the same nodes — the executor acts at once, so these are priced by the
+planner's :class:`~services.planner.costs.ModelledDowntime` for the in-place transition
+(reattempt: the preset's ``reattempt_s``; restart: launch + re-form + the state from a live
+data-parallel peer, or from disk with the steps since the checkpoint redone when there is
+none). A SEV1 fault isolates the node and re-plans the whole cluster with
+:func:`services.planner.planning.plan_cluster`, as do repairs, arrivals and completions: every
+job whose allocation changes pays the planned transition's downtime and lost work (the plan's
+own explanation) plus the planning time. D_run comes from the trace's failure rate; transition
+factors from the same :class:`~services.planner.api.Calibration` the planner is fed.
+
+Planning time: by default a fixed ``plan_s`` (the planner's 0.1-s debounce plus a 1-s
+allowance), so a seed always gives the same result; the measured time of every planner call
+is reported in the summary, and ``measured=True`` charges it instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from services.planner.api import (
+    Calibration,
+    ClusterInputs,
+    JobDemand,
+    JobView,
+    NodeView,
+    Objective,
+)
+from services.planner.costs import ModelledDowntime
+from services.planner.planning import PlanDraft, calibrated, plan_cluster
+from services.planner.throughput import MegatronThroughput
+from shared.models import JobState
+from shared.taxonomy import Severity, severity_of
+from simulator.events import Kind
+from simulator.policies.base import Policy, detection_class
+from simulator.state import JobRun, Simulation
+from simulator.trace import Failure, node_name
+from simulator.workload import demand_of
+
+EXCEPTION_S = 0.2
+NODE_S = 3.0
+HANG_MEAN_FACTOR = 3.0
+HANG_SLACK_S = 0.5
+PLAN_S = 0.1 + 1.0
+
+
+def _index(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+class Unicron(Policy):
+    name = "unicron"
+
+    def __init__(
+        self, calibration: Calibration, plan_s: float = PLAN_S, measured: bool = False
+    ) -> None:
+        self.calibration, self.plan_s, self.measured = calibration, plan_s, measured
+        self.plan_ms: list[float] = []
+        self.objective: Objective | None = None
+        self.hits = 0
+
+    def detect_s(self, failure: Failure, run: JobRun) -> float:
+        kind = detection_class(failure.category)
+        if kind == "hang":
+            return HANG_MEAN_FACTOR * run.speeds.iteration_s(run.workers) + HANG_SLACK_S
+        return NODE_S if kind == "node" else EXCEPTION_S
+
+    def _objective(self, sim: Simulation) -> Objective:
+        if self.objective is None:
+            spec = sim.config.spec
+            base = Objective(
+                MegatronThroughput(spec), ModelledDowntime(spec), 86400.0, spec.unit_slots
+            )
+            inputs = ClusterInputs((NodeView("n", sim.config.gpus),), (), (), self.calibration)
+            self.objective = calibrated(base, inputs)
+        return self.objective
+
+    # Events -----------------------------------------------------------------------------------
+
+    def start(self, sim: Simulation, runs: list[JobRun]) -> None:
+        self.replan(sim, {})
+
+    def on_arrival(self, sim: Simulation, run: JobRun) -> None:
+        self.replan(sim, {})
+
+    def on_finish(self, sim: Simulation, run: JobRun) -> None:
+        run.memo["ranks"], run.memo["world"] = [], 0
+        self.replan(sim, {})
+
+    def on_repair(self, sim: Simulation, node: int) -> None:
+        if sim.cluster.repair(node, sim.now):
+            self.replan(sim, {})
+
+    def on_failure(self, sim: Simulation, failure: Failure) -> None:
+        severity, action = severity_of(failure.category)
+        hit = [sim.jobs[n] for n in sim.cluster.holders(failure.node)]
+        self.hits += len(hit)
+        for run in hit:
+            run.hits += 1
+        if severity != Severity.SEV1:
+            for run in hit:
+                sim.hold(run, self.detect_s(failure, run) + self.in_place_s(sim, run, action.value))
+            return
+        sim.cluster.fail(failure.node, sim.now + failure.repair_s)
+        sim.queue.push(sim.now + failure.repair_s, Kind.REPAIR, failure.node)
+        self.replan(sim, {run.name: self.detect_s(failure, run) for run in hit})
+
+    # Transitions ------------------------------------------------------------------------------
+
+    def in_place_s(self, sim: Simulation, run: JobRun, recovery: str) -> float:
+        """Downtime + lost work of reattempting or restarting in place, as the planner prices it."""
+        objective = self._objective(sim)
+        w = run.workers
+        demand = replace(self.demand(run), current=w, world_size=w, hit=True, recovery=recovery)
+        x = np.array([w], dtype=np.int64)
+        curve = objective.throughput.curve(demand, x)
+        moves = objective.cost.transitions(demand, curve, curve)
+        return float(moves.downtime_s[0] + moves.lost_s[0])
+
+    def demand(self, run: JobRun) -> JobDemand:
+        return demand_of(run.config, run.speeds.iteration_s(run.memo.get("world", 0)))
+
+    def view(self, sim: Simulation, run: JobRun, hit: bool) -> JobView:
+        world = run.memo.get("world", 0)
+        base = self.demand(run)
+        if world == 0:
+            demand = replace(base, resume=bool(run.memo.get("ran")))
+            return JobView(demand, JobState.PENDING, 0, run.memo.get("gen", 0))
+        ranks = tuple(n for n in run.memo["ranks"] if sim.cluster.up[_index(n)])
+        lost = len(ranks) < world
+        recovery = "reconfigure" if hit or lost else None
+        demand = replace(
+            base, current=len(ranks), world_size=world, hit=hit or lost, recovery=recovery
+        )
+        failure = "node fault" if hit or lost else None
+        return JobView(demand, JobState.RUNNING, world, run.memo.get("gen", 0), ranks, failure)
+
+    def replan(self, sim: Simulation, detect: dict[str, float]) -> None:
+        runs = sim.active()
+        nodes = tuple(
+            NodeView(node_name(n), sim.config.gpus_per_node)
+            for n in range(sim.config.nodes)
+            if sim.cluster.up[n]
+        )
+        views = tuple(self.view(sim, r, r.name in detect) for r in runs)
+        draft = plan_cluster(
+            ClusterInputs(nodes, views, (), self.calibration), self._objective(sim)
+        )
+        self.plan_ms.append(draft.planning_ms)
+        self.apply(sim, runs, draft, detect)
+
+    def apply(
+        self, sim: Simulation, runs: list[JobRun], draft: PlanDraft, detect: dict[str, float]
+    ) -> None:
+        plan_s = draft.planning_ms / 1e3 if self.measured else self.plan_s
+        for run in runs:
+            sim.cluster.release(run.name)
+        for run, a in zip(runs, draft.allocations, strict=True):
+            sim.cluster.assign(run.name, [_index(n) for n in a.nodes])
+        for run, a in zip(runs, draft.allocations, strict=True):
+            why = a.explanation
+            # A first launch is free for every policy alike: only changes are charged.
+            moved = why is not None and why.transition not in ("none", "start")
+            cost = why.predicted_downtime_s + why.predicted_lost_work_s if why and moved else 0.0
+            if moved or run.name in detect:
+                sim.hold(run, detect.get(run.name, 0.0) + plan_s + cost)
+            if a.workers != run.memo.get("world", 0) or list(a.nodes) != run.memo.get("ranks"):
+                run.memo["gen"] = run.memo.get("gen", 0) + 1
+            run.memo["world"], run.memo["ranks"] = a.workers, list(a.nodes)
+            run.memo["ran"] = run.memo.get("ran", False) or a.workers > 0
+            sim.set_workers(run, a.workers)
+
+    def stats(self) -> dict[str, float]:
+        ms = np.array(self.plan_ms or [0.0])
+        return {
+            "job_hits": float(self.hits),
+            "plans": float(len(self.plan_ms)),
+            "plan_ms_p50": float(np.percentile(ms, 50)),
+            "plan_ms_max": float(ms.max()),
+        }
