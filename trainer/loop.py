@@ -17,6 +17,7 @@ Everything goes through the channel's non-blocking queue: training never waits o
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,20 +28,29 @@ from shared.messages import StepCompleted, WorkerLaunch, WorkerPhase
 from trainer import checkpoint
 from trainer.channel import AgentChannel
 from trainer.faults import FaultInbox, FaultInjector
+from trainer.ledger import Ledger, LedgerEntry
 from trainer.model import GPT
-from trainer.parallel import train_step
+from trainer.parallel import StepWork, new_work, train_step
 
 Phase = Literal["compute", "collective", "checkpoint"]
 
 
 @dataclass
 class Trainee:
-    """What one rank trains: everything a step needs besides its number."""
+    """What one rank trains: everything a step needs besides its number.
+
+    ``work`` is the step in progress (kept when its collective fails, so that a regroup can
+    reuse it), ``interrupted`` is asked between micro-batches whether a regroup is waiting,
+    and ``ledger`` records which micro-batches each completed step used.
+    """
 
     launch: WorkerLaunch
     model: GPT
     optimizer: torch.optim.Optimizer
     group: dist.ProcessGroup | None
+    work: StepWork | None = None
+    interrupted: Callable[[], bool] | None = None
+    ledger: Ledger | None = None
 
 
 class StepMonitor:
@@ -65,6 +75,8 @@ class StepMonitor:
         # One sync per step, just before the all-reduce that must wait for them anyway.
         self._cuda = device is not None and device.type == "cuda"
         self.compute_s = 0.0
+        # True while this rank waits in the step's all-reduce: a failure there is a peer's.
+        self.in_collective = False
 
     def before_compute(self, step: int) -> None:
         self.phase("compute", step)
@@ -84,6 +96,10 @@ class StepMonitor:
             compute_s = time.perf_counter() - self._compute_began
         self.compute_s = compute_s
         self.phase("collective", step)
+        self.in_collective = True
+
+    def after_collective(self, step: int) -> None:
+        self.in_collective = False
 
     def phase(self, phase: Phase, step: int) -> None:
         launch = self._launch
@@ -124,6 +140,9 @@ def run_step(trainee: Trainee, step: int, monitor: StepMonitor | None) -> float:
     launch = trainee.launch
     spec = launch.spec
     began = time.perf_counter() if monitor is not None else 0.0
+    work = trainee.work
+    if work is None or work.step != step:
+        work = trainee.work = new_work(step, launch.rank, launch.world_size, spec.micro_batches)
     loss = train_step(
         trainee.model,
         trainee.optimizer,
@@ -133,7 +152,15 @@ def run_step(trainee: Trainee, step: int, monitor: StepMonitor | None) -> float:
         launch.world_size,
         trainee.group,
         monitor,
+        work,
+        trainee.interrupted,
     )
+    trainee.work = None
+    if trainee.ledger is not None and work.counted is not None:
+        entry = LedgerEntry(
+            step, launch.generation, launch.world_size, launch.rank, work.done, work.counted
+        )
+        trainee.ledger.record(entry)
     if monitor is not None:
         monitor.completed(step, loss, time.perf_counter() - began)
     if launch.rank == 0 and (step % spec.checkpoint_every == 0 or step == spec.steps):

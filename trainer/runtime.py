@@ -1,10 +1,12 @@
 """The worker runtime: one rank of one generation of a job, from launch to exit code.
 
 It says hello to the agent, joins the generation's process group through the agent-hosted
-TCP store, resumes from the newest checkpoint and trains ``spec.steps`` steps, each watched by
-a :class:`~trainer.loop.StepMonitor` (phases, compute time, step reports, fault drills). Any
-exception is caught, classified and reported *before* the process dies, so the control plane
-knows why a rank failed within seconds (DESIGN.md §3); the exit code is then 1.
+TCP store, resumes from the newest checkpoint (or, as a joiner, from a live peer) and trains
+``spec.steps`` steps, each watched by a :class:`~trainer.loop.StepMonitor` (phases, compute
+time, step reports, fault drills), regrouping in place when told to or when a peer dies
+(:mod:`trainer.elastic`). Any exception is caught, classified and reported *before* the
+process dies, so the control plane knows why a rank failed within seconds (DESIGN.md §3); the
+exit code is then 1 — also when a parked worker got no regroup directive in time.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -24,13 +26,13 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 
 from shared.logging import get_logger
 from shared.messages import WorkerException, WorkerHello, WorkerLaunch
-from trainer import checkpoint
 from trainer.channel import AgentChannel, Directive
 from trainer.classify import classify, describe_chain
+from trainer.elastic import ElasticRank, ParkExpired
 from trainer.faults import FaultInbox
-from trainer.loop import StepMonitor, Trainee, run_step
-from trainer.model import GPT, build_model
-from trainer.parallel import make_optimizer
+from trainer.handoff import Replica
+from trainer.model import GPT
+from trainer.regroup import RegroupInbox, park_timeout_from_env
 
 log = get_logger(component="trainer.runtime")
 
@@ -46,6 +48,8 @@ class RuntimeOptions:
     collective_timeout_s: float = 300.0
     # How long a dying worker waits for its last report to reach the agent.
     flush_timeout_s: float = 2.0
+    # How long a worker whose peer died keeps its memory waiting for a regroup directive.
+    park_timeout_s: float = field(default_factory=park_timeout_from_env)
 
 
 @dataclass(frozen=True)
@@ -62,12 +66,6 @@ class StepContext:
 FaultHook = Callable[[StepContext], None]
 
 
-@dataclass
-class _Progress:
-    step: int | None = None
-    backend: str = "gloo"
-
-
 def run(
     launch: WorkerLaunch,
     *,
@@ -77,53 +75,65 @@ def run(
 ) -> int:
     """Train this rank to the end of the job; returns the process exit code (0 or 1).
 
-    Fault directives from the agent arm drills (:mod:`trainer.faults`); any other directive
-    goes to ``on_directive`` (logged when there is none).
+    Fault directives from the agent arm drills (:mod:`trainer.faults`), regroup directives
+    re-form the group in place (:mod:`trainer.elastic`); any other directive goes to
+    ``on_directive`` (logged when there is none).
     """
     options = options or RuntimeOptions()
     torch.set_num_threads(1)  # ranks share the node's cores; oversubscription only slows all
-    inbox = FaultInbox(launch.rank, on_other=on_directive)
+    regroups = RegroupInbox(launch.job_id, launch.generation)
+
+    def other(directive: Directive) -> None:
+        if regroups.offer(directive):
+            return
+        if on_directive is not None:
+            on_directive(directive)
+        else:
+            log.info("non-fault directive ignored", directive=str(directive)[:200])
+
+    inbox = FaultInbox(launch.rank, on_other=other)
     channel = AgentChannel(launch.agent_socket, on_directive=inbox.offer)
     # Connects now, not at the first step, so the agent can reach this rank from the start.
     channel.send(WorkerHello(job_id=launch.job_id, generation=launch.generation, rank=launch.rank))
-    progress = _Progress()
+    device = _device()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    elastic = ElasticRank(
+        launch,
+        channel,
+        inbox,
+        regroups,
+        device=device,
+        join=lambda joining: join_process_group(joining, backend, options),
+        report_failure=lambda exc: _report_exception(elastic, channel, exc),
+        park_timeout_s=options.park_timeout_s,
+        on_step=_hook_caller(fault_hook),
+    )
     code = 0
     try:
-        _train(launch, channel, inbox, options, progress, fault_hook)
+        elastic.train()
+    except ParkExpired:
+        code = 1  # the failure that parked it was reported then
+        log.error("no regroup came; exiting", rank=elastic.launch.rank)
     except Exception as exc:
         code = 1
-        _report_exception(launch, channel, progress, exc)
+        _report_exception(elastic, channel, exc)
     finally:
         channel.flush(options.flush_timeout_s)
         channel.close()
-        _leave_process_group(failed=code != 0, backend=progress.backend)
+        _leave_process_group(failed=code != 0, backend=backend)
     return code
 
 
-def _train(
-    launch: WorkerLaunch,
-    channel: AgentChannel,
-    inbox: FaultInbox,
-    options: RuntimeOptions,
-    progress: _Progress,
+def _hook_caller(
     fault_hook: FaultHook | None,
-) -> None:
-    spec = launch.spec
-    device = _device()
-    progress.backend = "nccl" if device.type == "cuda" else "gloo"
-    model = build_model(spec.model, spec.seed, device)
-    optimizer = make_optimizer(model)
-    group = join_process_group(launch, progress.backend, options)
-    start = _resume(launch, model, optimizer, group, device)
-    trainee = Trainee(launch, model, optimizer, group)
-    resumed_from = start if start > 0 else None
-    monitor = StepMonitor(launch, channel, inbox, resumed_from=resumed_from, device=device)
-    log.info("training", rank=launch.rank, world=launch.world_size, start=start, end=spec.steps)
-    for step in range(start + 1, spec.steps + 1):
-        progress.step = step
-        if fault_hook is not None:
-            fault_hook(StepContext(step, launch, model, optimizer))
-        run_step(trainee, step, monitor)
+) -> Callable[[int, WorkerLaunch, Replica], None] | None:
+    if fault_hook is None:
+        return None
+
+    def call(step: int, launch: WorkerLaunch, replica: Replica) -> None:
+        fault_hook(StepContext(step, launch, replica.model, replica.optimizer))
+
+    return call
 
 
 def _device() -> torch.device:
@@ -160,40 +170,13 @@ def join_process_group(
     return group
 
 
-def _resume(
-    launch: WorkerLaunch,
-    model: GPT,
-    optimizer: torch.optim.Optimizer,
-    group: dist.ProcessGroup,
-    device: torch.device,
-) -> int:
-    """Continue from rank 0's newest checkpoint; returns the step it holds (0 for none).
-
-    Rank 0 reads the file and broadcasts the state, so ranks on nodes that cannot see the
-    checkpoint directory still start from the same bits as rank 0.
-    """
-    found = checkpoint.load_latest(launch.checkpoint_dir) if launch.rank == 0 else None
-    payload: list[object] = [found]
-    broadcast_device = device if device.type == "cuda" else None
-    dist.broadcast_object_list(payload, src=0, group=group, device=broadcast_device)
-    received = payload[0]
-    if received is None:
-        return 0
-    assert isinstance(received, tuple)
-    step, state = received
-    checkpoint.restore(model, optimizer, state)
-    log.info("resumed", rank=launch.rank, step=step)
-    return int(step)
-
-
-def _report_exception(
-    launch: WorkerLaunch, channel: AgentChannel, progress: _Progress, exc: Exception
-) -> None:
+def _report_exception(elastic: ElasticRank, channel: AgentChannel, exc: Exception) -> None:
+    launch = elastic.launch  # the current generation and rank, after any regroup
     category = classify(exc)
     text = describe_chain(exc)
     # A plain traceback: the structured logger's rich one dumps every local, tensors included.
     traceback.print_exception(exc, file=sys.stderr)
-    log.error("step failed", rank=launch.rank, step=progress.step, category=category.value)
+    log.error("step failed", rank=launch.rank, step=elastic.step, category=category.value)
     channel.send(
         WorkerException(
             node_id=launch.node_id,
@@ -204,7 +187,7 @@ def _report_exception(
             exc_type=type(exc).__name__,
             message=text[:MESSAGE_LIMIT],
             category=category.value,
-            step=progress.step,
+            step=elastic.step,
         )
     )
 

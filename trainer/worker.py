@@ -1,9 +1,11 @@
-"""Entrypoint of a worker process: ``python -m trainer.worker``.
+"""Entrypoint of a worker process: ``python -m trainer.worker [--spare]``.
 
 The node agent starts one per rank with the JSON of a ``WorkerLaunch`` in the environment
-variable ``UNICRON_WORKER_LAUNCH``. Exit codes: 0 the job's last step is done, 1 a step
-failed (and a ``WorkerException`` was sent to the agent first), 2 the launch was missing or
-invalid (nothing was started; the reason is on stderr).
+variable ``UNICRON_WORKER_LAUNCH``, or a warm spare (``--spare`` or ``UNICRON_WORKER_SPARE=1``)
+that gets its launch later over the agent socket (:mod:`trainer.spare`). Exit codes: 0 the
+job's last step is done (or a spare was released), 1 a step failed (and a
+``WorkerException`` was sent to the agent first), 2 the launch was missing or invalid
+(nothing was started; the reason is on stderr).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ def launch_env(launch: WorkerLaunch) -> dict[str, str]:
     return {LAUNCH_ENV: launch.model_dump_json()}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--spare" in args or os.environ.get("UNICRON_WORKER_SPARE") == "1":
+        return spare_main()
     try:
         launch = read_launch()
     except ValueError as exc:
@@ -47,6 +52,29 @@ def main() -> int:
         return EXIT_BAD_LAUNCH
     configure_logging(f"trainer.rank{launch.rank}")
     # Imported only now so that a bad launch fails fast, without loading torch.
+    from trainer.runtime import run
+
+    return run(launch)
+
+
+def spare_main() -> int:
+    """A warm spare: load torch now, wait for a launch, then run it (see trainer.spare)."""
+    from trainer import spare
+
+    configure_logging("trainer.spare")
+    path = os.environ.get(spare.AGENT_SOCKET_ENV)
+    if not path:
+        print(f"trainer.worker: {spare.AGENT_SOCKET_ENV} is not set for a spare", file=sys.stderr)
+        return EXIT_BAD_LAUNCH
+    spare.warm_up()
+    try:
+        launch = spare.wait_for_launch(path)
+    except (OSError, ValueError) as exc:
+        print(f"trainer.worker: spare got no valid launch: {exc}", file=sys.stderr)
+        return EXIT_BAD_LAUNCH
+    if launch is None:
+        return EXIT_OK  # released by the agent
+    configure_logging(f"trainer.rank{launch.rank}")
     from trainer.runtime import run
 
     return run(launch)

@@ -8,6 +8,7 @@ import os
 import queue
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,9 @@ class AgentStandIn:
         self.local: queue.Queue[dict[str, Any]] = queue.Queue()
         self.connections: queue.Queue[socket.socket] = queue.Queue()
         self._by_rank: dict[int, socket.socket] = {}
+        # Like a real agent, tell processes apart by the peer pid of their connection: a spare
+        # and a regrouped worker keep their pid, not their rank.
+        self._by_pid: dict[int, socket.socket] = {}
         self._hello = threading.Condition()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(path)
@@ -67,6 +71,7 @@ class AgentStandIn:
 
     def _read(self, conn: socket.socket) -> None:
         rank = None
+        pid = peer_pid(conn)
         with conn.makefile("rb") as stream:
             for line in stream:
                 message = json.loads(line)
@@ -76,8 +81,12 @@ class AgentStandIn:
                     rank = message["rank"]
                     with self._hello:
                         self._by_rank[rank] = conn
+                        self._by_pid[pid] = conn
                         self._hello.notify_all()
-        self.local.put({"kind": DISCONNECTED, "rank": rank})
+        with self._hello:
+            if self._by_pid.get(pid) is conn:
+                del self._by_pid[pid]
+        self.local.put({"kind": DISCONNECTED, "rank": rank, "pid": pid})
 
     def next(self, timeout_s: float = 20.0) -> dict[str, Any]:
         return self.lines.get(timeout=timeout_s)
@@ -110,6 +119,15 @@ class AgentStandIn:
         data = line if isinstance(line, bytes) else json.dumps(line).encode()
         conn.sendall(data.rstrip(b"\n") + b"\n")
 
+    def send_to_pid(self, line: bytes | dict[str, Any], pid: int, timeout_s: float = 30.0) -> None:
+        """Write one line to the process ``pid``, waiting for its hello if need be."""
+        with self._hello:
+            if not self._hello.wait_for(lambda: pid in self._by_pid, timeout_s):
+                raise AssertionError(f"no hello from pid {pid}")
+            conn = self._by_pid[pid]
+        data = line if isinstance(line, bytes) else json.dumps(line).encode()
+        conn.sendall(data.rstrip(b"\n") + b"\n")
+
     def close(self) -> None:
         """Go away like a dead agent: the listener and every connection end."""
         self._server.close()
@@ -118,6 +136,13 @@ class AgentStandIn:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
+
+
+def peer_pid(conn: socket.socket) -> int:
+    """The pid of the process at the other end of a unix socket (Linux SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid: int = struct.unpack("3i", creds)[0]
+    return pid
 
 
 class StoreHost:

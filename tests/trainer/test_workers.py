@@ -88,6 +88,8 @@ def test_a_failing_rank_reports_its_fault_and_its_peer_reports_the_broken_link()
                 make_launch(spec, rendezvous, agent, scratch / "ck", rank, world_size=2),
                 module="tests.trainer.fault_worker",
                 UNICRON_TEST_FAULT=fault,
+                # Rank 0 parks for a regroup that no one sends here; it exits 1 after that.
+                UNICRON_PARK_TIMEOUT_S="0.5",
             )
             for rank in (0, 1)
         ]

@@ -1,0 +1,102 @@
+"""The hand-off plan and the regroup inbox, without processes: who sends the state, what is
+kept, what is still to do — every micro-batch exactly once."""
+
+from __future__ import annotations
+
+from shared.messages import RegroupDirective, Rendezvous
+from tests.trainer.harness import make_spec
+from trainer.handoff import Holding, Replica, fall_back_to_disk, plan_handoff
+from trainer.model import build_model
+from trainer.parallel import make_optimizer
+from trainer.regroup import RegroupInbox, is_peer_failure, park_timeout_from_env
+
+
+def exactly_once(
+    plan_kept: dict[int, list[int]], assigned: dict[int, list[int]], total: int
+) -> bool:
+    covered = [i for done in plan_kept.values() for i in done]
+    covered += [i for todo in assigned.values() for i in todo]
+    return sorted(covered) == list(range(total))
+
+
+def test_survivors_keep_their_sums_and_the_lost_rank_s_micro_batches_are_dealt_out() -> None:
+    # World 4 lost rank 1 mid-step 5; the survivors summed their shares (8 micro-batches).
+    holdings = [
+        Holding(True, 5, [0, 4]),
+        Holding(True, 5, [2, 6]),
+        Holding(True, 5, [3]),  # interrupted after one of its two
+        Holding(False, 1, [], requested_source=0),  # the joiner
+    ]
+    plan = plan_handoff(holdings, total=8)
+    assert plan.target_step == 5 and plan.source == 0 and plan.receivers == {3}
+    assert plan.kept == {0: [0, 4], 1: [2, 6], 2: [3]}
+    assert plan.assigned == {0: [1], 1: [5], 2: [7], 3: []}
+    assert exactly_once(plan.kept, plan.assigned, 8)
+
+
+def test_no_broadcast_when_every_rank_already_holds_the_state() -> None:
+    plan = plan_handoff([Holding(True, 9, [0, 2]), Holding(True, 9, [])], total=4)
+    assert plan.source is None and not plan.receivers
+    assert plan.assigned == {0: [1], 1: [3]}
+
+
+def test_a_rank_that_lags_a_completed_step_drops_its_sums_and_takes_the_state() -> None:
+    holdings = [Holding(True, 7, [1]), Holding(True, 8, []), Holding(True, 8, [2])]
+    plan = plan_handoff(holdings, total=4)
+    assert plan.target_step == 8 and plan.source == 1 and plan.receivers == {0}
+    assert plan.kept == {2: [2]}
+    assert exactly_once(plan.kept, plan.assigned, 4)
+
+
+def test_a_requested_source_that_lacks_the_state_is_passed_over() -> None:
+    holdings = [Holding(False, 1, [], 0), Holding(True, 3, [], 0)]
+    assert plan_handoff(holdings, total=2).source == 1
+
+
+def test_joiners_alone_read_the_disk() -> None:
+    plan = plan_handoff([Holding(False, 1), Holding(False, 1)], total=4)
+    assert plan.from_disk and plan.assigned == {0: [0, 2], 1: [1, 3]}
+
+
+def test_a_rank_without_state_and_no_checkpoint_starts_from_step_zero(tmp_path: object) -> None:
+    spec = make_spec()
+    model = build_model(spec.model, spec.seed)
+    replica = Replica(model, make_optimizer(model), next_step=1, has_state=False)
+    assert fall_back_to_disk(replica, str(tmp_path)) == "none"
+    assert replica.has_state and replica.next_step == 1
+    assert fall_back_to_disk(replica, str(tmp_path)) is None  # it has state now: kept
+
+
+def directive(generation: int, job_id: str = "job-t") -> dict[str, object]:
+    rendezvous = Rendezvous(host="h", port=1, prefix=f"g{generation}/")
+    line = RegroupDirective(
+        job_id=job_id, generation=generation, rank=0, world_size=1, rendezvous=rendezvous
+    )
+    return line.model_dump(mode="json")
+
+
+def test_the_inbox_keeps_the_newest_directive_and_drops_stale_ones() -> None:
+    inbox = RegroupInbox("job-t", generation=2)
+    assert not inbox.offer({"directive": "fault"})  # not ours
+    assert inbox.offer(directive(2)) and not inbox.pending()  # not newer than ours
+    assert inbox.offer(directive(5, job_id="other")) and not inbox.pending()
+    assert inbox.offer({"directive": "regroup", "generation": "x"}) and not inbox.pending()
+    inbox.offer(directive(4))
+    inbox.offer(directive(3))  # older than the one waiting
+    assert inbox.wait(0.0)
+    taken = inbox.take()
+    assert taken is not None and taken.directive.generation == 4
+    assert inbox.generation == 4 and inbox.take() is None and not inbox.wait(0.01)
+
+
+def test_only_failures_a_lost_peer_causes_park_a_worker() -> None:
+    gloo = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:5321"
+    assert is_peer_failure(RuntimeError(gloo))
+    assert is_peer_failure(
+        RuntimeError("Timed out waiting 300000ms for recv operation to complete")
+    )
+    assert not is_peer_failure(RuntimeError("CUDA error: an illegal memory access"))
+    assert not is_peer_failure(FloatingPointError("non-finite loss nan at step 3"))
+    assert park_timeout_from_env({"UNICRON_PARK_TIMEOUT_S": "2.5"}) == 2.5
+    assert park_timeout_from_env({"UNICRON_PARK_TIMEOUT_S": "soon"}) == 60.0
+    assert park_timeout_from_env({}) == 60.0

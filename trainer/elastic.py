@@ -1,0 +1,282 @@
+"""One rank's life across generations: step, and when the group breaks or the control plane
+re-forms it, regroup in place without leaving the process (DESIGN.md §5).
+
+:class:`ElasticRank` owns the rank's memory (model, optimizer, step, the step in progress) and
+its current membership (generation, rank, world, process group). Its loop:
+
+- a pending ``RegroupDirective`` is applied between two micro-batches — at a step boundary or
+  mid-step — which is how a job is shrunk, grown, migrated or reattempted while healthy;
+- a step whose collective fails because a peer is gone is reported, the broken group is torn
+  down, and the rank *parks* with its memory until a directive comes (bounded by the park
+  timeout, after which it fails as before);
+- a regroup joins the new group through the agent's store under the directive's prefix, hands
+  the state off (:mod:`trainer.handoff`), sends a new ``WorkerHello`` and ``WorkerRegrouped``
+  and steps on; a worker launched with ``state_source_rank`` starts the same way, as a joiner;
+- when the transfer itself fails (the source died), a rank without state takes the disk
+  checkpoint, reports ``WorkerRegrouped(state_source="disk")`` and parks for the next group.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from shared.logging import get_logger
+from shared.messages import RegroupDirective, WorkerHello, WorkerLaunch, WorkerRegrouped
+from trainer.channel import AgentChannel
+from trainer.faults import FaultInbox
+from trainer.handoff import (
+    Handoff,
+    Replica,
+    StateSource,
+    fall_back_to_disk,
+    hand_off,
+    resume_from_disk,
+)
+from trainer.ledger import Ledger
+from trainer.loop import StepMonitor, Trainee, run_step
+from trainer.model import build_model
+from trainer.parallel import StepInterrupted, make_optimizer
+from trainer.regroup import PendingRegroup, RegroupInbox, is_peer_failure
+
+log = get_logger(component="trainer.elastic")
+
+
+class ParkExpired(Exception):
+    """Parked after a peer failure (already reported) and no regroup directive came."""
+
+
+class ElasticRank:
+    """See the module doc. ``join`` forms a process group for a launch; ``report_failure``
+    sends the ``WorkerException`` of a peer failure; both come from the runtime."""
+
+    def __init__(
+        self,
+        launch: WorkerLaunch,
+        channel: AgentChannel,
+        faults: FaultInbox,
+        regroups: RegroupInbox,
+        *,
+        device: torch.device,
+        join: Callable[[WorkerLaunch], dist.ProcessGroup],
+        report_failure: Callable[[Exception], None],
+        park_timeout_s: float,
+        on_step: Callable[[int, WorkerLaunch, Replica], None] | None = None,
+    ) -> None:
+        self.launch = launch
+        self.step: int | None = None
+        self._channel = channel
+        self._faults = faults
+        self._regroups = regroups
+        self._device = device
+        self._join = join
+        self._report_failure = report_failure
+        self._park_timeout_s = park_timeout_s
+        self._on_step = on_step
+        self._ledger = Ledger(launch.checkpoint_dir)
+        model = build_model(launch.spec.model, launch.spec.seed, device)
+        self.replica = Replica(model, make_optimizer(model), next_step=1, has_state=False)
+        self._group: dist.ProcessGroup | None = None
+        self._trainee: Trainee | None = None
+        self._monitor: StepMonitor | None = None
+        self._in_handoff = False
+
+    def train(self) -> None:
+        """Train to the job's last step; raises what ends the process (see module doc)."""
+        launch = self.launch
+        if launch.state_source_rank is None:
+            self._group = self._join(launch)
+            start = resume_from_disk(self.replica, launch.rank, self._group, launch.checkpoint_dir)
+            self._enter(launch, resumed_from=start if start > 0 else None)
+        else:
+            self._regroups.generation = launch.generation - 1  # so its own launch is not stale
+            self._regroups.offer(_directive_of(launch))
+        while self.replica.next_step <= launch.spec.steps:
+            try:
+                pending = self._regroups.take()
+                if pending is not None:
+                    self._regroup(pending)
+                else:
+                    self._step()
+            except StepInterrupted:
+                continue  # the directive is taken at the top of the loop
+            except Exception as exc:
+                if not self._peer_lost(exc):
+                    raise
+                if not self._regroups.pending():
+                    # A directive already here explains the failure: we broke the group.
+                    self._report_failure(exc)
+                # The failed collective's frames hold the old group; while anything does,
+                # gloo keeps its connections open and peers blocked on us never learn.
+                traceback.clear_frames(exc.__traceback__)
+                self._park(exc)
+
+    # --- steps ---------------------------------------------------------------------------
+
+    def _enter(self, launch: WorkerLaunch, resumed_from: int | None) -> None:
+        """Start stepping as ``launch`` says (a new generation, rank or world)."""
+        self.launch = launch
+        self._faults.rank = launch.rank
+        self._monitor = StepMonitor(
+            launch, self._channel, self._faults, resumed_from=resumed_from, device=self._device
+        )
+        self._trainee = Trainee(
+            launch,
+            self.replica.model,
+            self.replica.optimizer,
+            self._group,
+            work=self.replica.work,
+            interrupted=self._regroups.pending,
+            ledger=self._ledger,
+        )
+        log.info(
+            "training",
+            generation=launch.generation,
+            rank=launch.rank,
+            world=launch.world_size,
+            next_step=self.replica.next_step,
+            end=launch.spec.steps,
+        )
+
+    def _step(self) -> None:
+        trainee, replica = self._trainee, self.replica
+        assert trainee is not None
+        step = self.step = replica.next_step
+        if self._on_step is not None:
+            self._on_step(step, self.launch, replica)
+        try:
+            run_step(trainee, step, self._monitor)
+        finally:
+            replica.work = trainee.work  # what is left of the step if it did not complete
+        replica.next_step = step + 1
+
+    # --- failures and regroups ----------------------------------------------------------------
+
+    def _peer_lost(self, exc: Exception) -> bool:
+        in_collective = self._in_handoff or (
+            self._monitor is not None and self._monitor.in_collective
+        )
+        return in_collective and is_peer_failure(exc)
+
+    def _park(self, exc: Exception) -> None:
+        self._leave()
+        done = 0 if self.replica.work is None else len(self.replica.work.done)
+        log.warning("parked", step=self.replica.next_step, done=done, limit=self._park_timeout_s)
+        if not self._regroups.wait(self._park_timeout_s):
+            raise ParkExpired(f"no regroup directive within {self._park_timeout_s} s") from exc
+
+    def _leave(self) -> None:
+        if self._monitor is not None:
+            self._monitor.in_collective = False
+        self._in_handoff = False
+        # Drop every reference to the old group: gloo closes its connections only when the
+        # group is freed, and that close is what frees peers still waiting on us.
+        group, self._group = self._group, None
+        if self._trainee is not None:
+            self._trainee.group = None
+        if not dist.is_initialized():
+            return
+        alive = weakref.ref(group) if group is not None else None
+        del group
+        dist.destroy_process_group()
+        if alive is not None and alive() is not None:
+            gc.collect()  # a reference cycle still holds it: slow (~0.1 s), so only then
+        if alive is not None and alive() is not None:
+            log.warning("old process group still referenced; peers wait for its timeout")
+
+    def _regroup(self, pending: PendingRegroup) -> None:
+        directive = pending.directive
+        self._leave()
+        launch = self.launch.model_copy(
+            update={
+                "generation": directive.generation,
+                "rank": directive.rank,
+                "world_size": directive.world_size,
+                "rendezvous": directive.rendezvous,
+                "state_source_rank": directive.state_source_rank,
+            }
+        )
+        self.launch = launch
+        self._faults.rank = launch.rank
+        self._in_handoff = True
+        self._group = self._join(launch)
+        regroup_s = time.perf_counter() - pending.received
+        try:
+            handoff = hand_off(
+                self.replica,
+                launch.rank,
+                self._group,
+                directive.state_source_rank,
+                launch.spec.micro_batches,
+                launch.checkpoint_dir,
+            )
+        except Exception as exc:
+            source = fall_back_to_disk(self.replica, launch.checkpoint_dir)
+            if source is not None and is_peer_failure(exc):
+                self._report_regrouped(regroup_s, 0.0, source, 0)
+            raise
+        self._in_handoff = False
+        # resumed_from tells the control plane about recomputation: only a disk state has any.
+        resumed = self.replica.next_step - 1 if handoff.source == "disk" else None
+        self._enter(launch, resumed_from=resumed)
+        self._report_regrouped(regroup_s, handoff.transfer_s, handoff.source, handoff.reused)
+        _log_handoff(launch, handoff, regroup_s)
+
+    def _report_regrouped(
+        self, regroup_s: float, transfer_s: float, source: StateSource, reused: int
+    ) -> None:
+        launch = self.launch
+        # A fresh hello first: the agent learns this connection's new generation and rank
+        # before any report of them, as it did for the first generation.
+        self._channel.send(
+            WorkerHello(job_id=launch.job_id, generation=launch.generation, rank=launch.rank)
+        )
+        self._channel.send(
+            WorkerRegrouped(
+                node_id=launch.node_id,
+                job_id=launch.job_id,
+                generation=launch.generation,
+                rank=launch.rank,
+                pid=os.getpid(),
+                world_size=launch.world_size,
+                regroup_s=regroup_s,
+                state_transfer_s=transfer_s,
+                state_source=source,
+                resumed_step=self.replica.next_step,
+                reused_micro_batches=reused,
+            )
+        )
+
+
+def _directive_of(launch: WorkerLaunch) -> dict[str, object]:
+    """A joiner's launch as the regroup directive it amounts to."""
+    directive = RegroupDirective(
+        job_id=launch.job_id,
+        generation=launch.generation,
+        rank=launch.rank,
+        world_size=launch.world_size,
+        rendezvous=launch.rendezvous,
+        state_source_rank=launch.state_source_rank,
+    )
+    return directive.model_dump(mode="json")
+
+
+def _log_handoff(launch: WorkerLaunch, handoff: Handoff, regroup_s: float) -> None:
+    log.info(
+        "regrouped",
+        generation=launch.generation,
+        rank=launch.rank,
+        world=launch.world_size,
+        source=handoff.source,
+        regroup_s=round(regroup_s, 4),
+        transfer_s=round(handoff.transfer_s, 4),
+        reused=handoff.reused,
+        todo=handoff.work.todo,
+    )

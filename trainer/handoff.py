@@ -1,0 +1,201 @@
+"""State hand-off when a process group is re-formed: who holds the training state, who needs
+it, and which micro-batches of the interrupted step are still to do (DESIGN.md §5).
+
+Right after a regroup every rank of the new group all-gathers a short :class:`Holding` —
+whether it has trustworthy state, the step it would complete next and the micro-batch indices
+of that step it has already summed. :func:`plan_handoff`, a pure function of those holdings,
+then decides the same thing on every rank:
+
+- the target step is the furthest one any holder reached (a rank normally lags only if it
+  was a few microseconds late in a collective that others completed);
+- the state travels by one broadcast from a live peer at that step (the requested source when
+  it qualifies, else the lowest such rank) whenever someone lacks it or lags; ranks that are
+  already at the target keep their own memory;
+- the partial sums of ranks at the target are kept; the micro-batches no one covers are
+  dealt round-robin over the new world, so each index is counted exactly once;
+- when no rank holds state (a group of joiners only), rank 0 reads the disk checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from shared.logging import get_logger
+from trainer import checkpoint
+from trainer.model import GPT
+from trainer.parallel import StepWork
+
+log = get_logger(component="trainer.handoff")
+
+StateSource = Literal["memory", "peer", "checkpoint_memory", "disk", "none"]
+
+
+@dataclass
+class Replica:
+    """This rank's training state in memory, kept across regroups."""
+
+    model: GPT
+    optimizer: torch.optim.Optimizer
+    next_step: int
+    has_state: bool  # False for a joiner until a peer (or the disk) gives it the state
+    work: StepWork | None = None
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What one rank brings into a new group."""
+
+    has_state: bool
+    next_step: int
+    done: list[int] = field(default_factory=list)
+    requested_source: int | None = None
+
+
+@dataclass(frozen=True)
+class HandoffPlan:
+    target_step: int
+    source: int | None  # rank that broadcasts the state; None: no broadcast
+    receivers: frozenset[int]  # ranks that take the broadcast (lacking or lagging)
+    kept: dict[int, list[int]]  # rank -> indices of the target step it keeps
+    assigned: dict[int, list[int]]  # rank -> indices it still computes
+    from_disk: bool = False
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What this rank got out of the hand-off."""
+
+    source: StateSource
+    transfer_s: float
+    work: StepWork
+    reused: int
+
+
+def holding_of(replica: Replica, requested_source: int | None) -> Holding:
+    work = replica.work
+    done = list(work.done) if work is not None and work.step == replica.next_step else []
+    return Holding(replica.has_state, replica.next_step, done, requested_source)
+
+
+def plan_handoff(holdings: list[Holding], total: int) -> HandoffPlan:
+    """The same plan on every rank, from the all-gathered holdings (see module doc)."""
+    world = len(holdings)
+    holders = [r for r, h in enumerate(holdings) if h.has_state]
+    if not holders:
+        assigned = {r: list(range(r, total, world)) for r in range(world)}
+        return HandoffPlan(0, 0, frozenset(range(world)), {}, assigned, from_disk=True)
+    target = max(holdings[r].next_step for r in holders)
+    leaders = [r for r in holders if holdings[r].next_step == target]
+    receivers = frozenset(r for r in range(world) if r not in leaders)
+    requested = next((h.requested_source for h in holdings if h.requested_source is not None), None)
+    source: int | None = None
+    if receivers or requested is not None:
+        source = requested if requested in leaders else leaders[0]
+    kept = {r: holdings[r].done for r in leaders if holdings[r].done}
+    covered = {i for done in kept.values() for i in done}
+    remaining = [i for i in range(total) if i not in covered]
+    assigned = {r: remaining[r::world] for r in range(world)}
+    return HandoffPlan(target, source, receivers, kept, assigned)
+
+
+def hand_off(
+    replica: Replica,
+    rank: int,
+    group: dist.ProcessGroup,
+    requested_source: int | None,
+    total: int,
+    checkpoint_dir: str,
+) -> Handoff:
+    """Agree on the state with the new group and bring this rank's ``replica`` to the
+    target step; returns the step's work (kept partial sums plus assigned micro-batches)."""
+    began = time.perf_counter()
+    gathered: list[object] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, holding_of(replica, requested_source), group=group)
+    holdings = [h for h in gathered if isinstance(h, Holding)]
+    plan = plan_handoff(holdings, total)
+    source: StateSource = "memory"
+    if plan.from_disk:
+        step = resume_from_disk(replica, rank, group, checkpoint_dir)
+        source = "disk" if step > 0 else "none"
+    elif plan.source is not None:
+        state = _capture(replica) if rank == plan.source else None
+        payload: list[object] = [state]
+        dist.broadcast_object_list(payload, src=plan.source, group=group, device=_device(replica))
+        if rank in plan.receivers:
+            received = payload[0]
+            assert isinstance(received, dict)
+            checkpoint.restore(replica.model, replica.optimizer, received)
+            source = "peer"
+    replica.has_state = True
+    replica.next_step = plan.target_step if not plan.from_disk else replica.next_step
+    kept = plan.kept.get(rank, [])
+    work = _work_for(replica, kept, plan.assigned.get(rank, []))
+    replica.work = work
+    return Handoff(source, time.perf_counter() - began, work, len(kept))
+
+
+def _work_for(replica: Replica, kept: list[int], assigned: list[int]) -> StepWork:
+    old = replica.work
+    if kept and old is not None and old.step == replica.next_step:
+        old.todo = list(assigned)
+        return old
+    # Nothing kept: whatever partial sums .grad holds belong to a step that is over.
+    replica.optimizer.zero_grad(set_to_none=True)
+    return StepWork(replica.next_step, list(assigned))
+
+
+def _capture(replica: Replica) -> checkpoint.TrainState:
+    return checkpoint.capture(replica.model, replica.optimizer, replica.next_step - 1)
+
+
+def _device(replica: Replica) -> torch.device | None:
+    device = next(replica.model.parameters()).device
+    # Object collectives stage their bytes on the device NCCL needs; gloo works on the CPU.
+    return device if device.type == "cuda" else None
+
+
+def resume_from_disk(
+    replica: Replica, rank: int, group: dist.ProcessGroup, checkpoint_dir: str
+) -> int:
+    """Continue from rank 0's newest checkpoint; returns the step it holds (0 for none).
+
+    Rank 0 reads the file and broadcasts the state, so ranks on nodes that cannot see the
+    checkpoint directory still start from the same bits as rank 0.
+    """
+    found = checkpoint.load_latest(checkpoint_dir) if rank == 0 else None
+    payload: list[object] = [found]
+    dist.broadcast_object_list(payload, src=0, group=group, device=_device(replica))
+    received = payload[0]
+    replica.has_state = True
+    if received is None:
+        replica.next_step = 1
+        return 0
+    assert isinstance(received, tuple)
+    step, state = received
+    checkpoint.restore(replica.model, replica.optimizer, state)
+    replica.next_step = int(step) + 1
+    log.info("resumed", rank=rank, step=step)
+    return int(step)
+
+
+def fall_back_to_disk(replica: Replica, checkpoint_dir: str) -> StateSource | None:
+    """After a failed transfer: a rank without state takes this node's newest checkpoint
+    (a rank with state keeps its newer memory). Returns the source used, None if it kept."""
+    if replica.has_state:
+        return None
+    found = checkpoint.load_latest(checkpoint_dir)
+    replica.has_state = True
+    replica.work = None
+    if found is None:
+        replica.next_step = 1  # the freshly built model is the state of step 0
+        return "none"
+    step, state = found
+    checkpoint.restore(replica.model, replica.optimizer, state)
+    replica.next_step = step + 1
+    log.warning("state from disk after a failed transfer", step=step)
+    return "disk"
