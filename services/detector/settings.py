@@ -21,6 +21,7 @@ class DetectorSettings(CommonSettings):
     # Straggler: a rank whose median compute time is this many times its peers', for
     # ``straggler_patience`` evaluations in a row, over a window of recent steps.
     straggler_ratio: float = 1.5
-    straggler_min_excess_s: float = 0.005
-    straggler_window: int = 8
-    straggler_patience: int = 5
+    # An absolute floor too: on a shared, overloaded host millisecond steps drift apart.
+    straggler_min_excess_s: float = 0.01
+    straggler_window: int = 10
+    straggler_patience: int = 8
