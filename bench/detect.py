@@ -30,7 +30,8 @@ from bench.torchrun_baseline import torchrun_crash_and_hang
 JOB = {
     "name": "detect-bench", "steps": 10_000_000, "min_workers": 2, "max_workers": 4,
     "global_batch": 16, "micro_batch": 4, "checkpoint_every": 50,
-}  # fmt: skip  (the default ~0.8M-parameter model: compute a slow rank visibly stretches)
+}  # fmt: skip
+# (the default ~0.8M-parameter model: enough compute per step for a slow rank to show)
 
 # Real texts of each family (NCCL watchdog, CUDA runtime, caching allocator, gloo).
 EXCEPTIONS: dict[str, tuple[str, str]] = {

@@ -40,7 +40,7 @@ def main() -> None:
     optimizer = make_optimizer(model)
     _mark(markers, event="start", rank=rank, pid=os.getpid(), restart=restart, t=time.time())
     for step in range(1, spec.steps + 1):
-        train_step(model, optimizer, spec, step, rank, world, None)
+        train_step(model, optimizer, spec, step, rank, world, dist.group.WORLD)
         _mark(
             markers,
             event="step",

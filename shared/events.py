@@ -129,6 +129,15 @@ class TransitionCompleted(EventData):
         None, description="failure observed → first completed step of the new generation"
     )
     duration_s: float = Field(description="transition started → first completed step")
+    kind: str | None = Field(None, description="in_place or checkpoint")
+    state_source: str | None = Field(
+        None, description="where the state came from: memory, peer, checkpoint_memory, disk, none"
+    )
+    phases: dict[str, float] = Field(
+        default_factory=dict,
+        description="seconds of detect, plan, regroup, state_transfer, first_step",
+    )
+    fallback: str | None = Field(None, description="why an in-place transition was abandoned")
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.job_id}:{self.generation}"

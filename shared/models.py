@@ -143,6 +143,21 @@ class WorkerRecord(BaseModel):
     pid: int | None = None
     state: WorkerState = WorkerState.LAUNCHING
     exit_code: int | None = None
+    from_generation: int | None = Field(
+        None, description="a survivor re-formed in place: the generation it came from"
+    )
+    from_rank: int | None = Field(None, description="a survivor's rank in ``from_generation``")
+    state_source_rank: int | None = Field(
+        None, description="the rank of this generation that broadcasts the training state"
+    )
+    regrouped_at: float | None = Field(None, description="when it reported WorkerRegrouped")
+    state_source: str | None = Field(None, description="where its training state came from")
+    state_transfer_s: float | None = None
+    resumed_step: int | None = None
+
+    @property
+    def survivor(self) -> bool:
+        return self.from_generation is not None
 
 
 class HistoryEntry(BaseModel):
@@ -163,6 +178,7 @@ class FailureRecord(BaseModel):
     rank: int | None = None
     node_id: str | None = None
     observed_at: float
+    detected_at: float | None = Field(None, description="when failure.detected was published")
 
 
 class Job(BaseModel):
@@ -183,6 +199,13 @@ class Job(BaseModel):
     last_failure: FailureRecord | None = None
     plan_id: str | None = None
     transition: PlanAction | None = Field(None, description="the transition under way, if any")
+    transition_kind: Literal["in_place", "checkpoint"] | None = Field(
+        None, description="in_place: survivors re-form, joiners get their state from a peer"
+    )
+    stepping: bool = Field(False, description="the current generation has completed a step")
+    transition_fallback: str | None = Field(
+        None, description="why the in-place transition was abandoned for a checkpoint restart"
+    )
     submitted_at: float = Field(default_factory=now)
     transition_started_at: float | None = None
 
@@ -216,6 +239,7 @@ class NodeRecord(BaseModel):
     store_port: int = 0
     boot_id: str = ""
     quarantined_until: float | None = None
+    spares_ready: int = Field(0, description="warm spare workers waiting on the node")
 
     def alive(self, at: float, timeout_s: float) -> bool:
         return self.state == NodeState.READY and at - self.last_heartbeat <= timeout_s

@@ -23,15 +23,19 @@ from services.agent.gpus import SlotPool, visible_devices
 from services.agent.hang import HangWatch
 from services.agent.outbox import Outbox
 from services.agent.registry import build_registry
+from services.agent.regroup import Regrouper
 from services.agent.settings import AgentSettings
+from services.agent.spares import SparePool
 from services.agent.store import RendezvousStore
-from services.agent.supervisor import CommandRejectedError, Supervisor
+from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
 from shared.bus import Bus
 from shared.events import NodeJoined
 from shared.logging import get_logger
 from shared.messages import (
     AGENT_COMMAND,
+    AnyAgentCommand,
     InjectFault,
+    RegroupWorker,
     StartWorker,
     StopWorkers,
     command_subject,
@@ -41,6 +45,7 @@ from shared.models import NodeRecord, NodeState, now
 from shared.state import StateStore
 
 log = get_logger(component="agent")
+SPARE_TRAINER = "gpt"  # spares are pre-started for this trainer's entrypoint
 
 
 class Agent:
@@ -63,15 +68,28 @@ class Agent:
             self.outbox,
         )
         self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
+        registry = self.supervisor.registry
+        spare_argv = registry.argv(SPARE_TRAINER) if SPARE_TRAINER in registry.names() else []
+        self.spares = SparePool(
+            settings.spare_count if spare_argv else 0,
+            spare_argv,
+            socket_path,
+            settings.data_dir,
+            lambda: self.supervisor.slots,
+            settings.spare_delay_s,
+        )
+        self.supervisor.spares = self.spares
         self.channel = WorkerChannel(
             socket_path,
             self.node_id,
             self.outbox,
-            identify=self.supervisor.identify,
+            identify=self._identify,
             on_generation=self.supervisor.advance,
             observe=self.hangs.observe,
         )
+        self.spares.channel = self.channel
         self.faults = FaultInjector(self.channel, self.supervisor)
+        self.regroups = Regrouper(self.channel, self.supervisor, on_regroup=self.hangs.regrouped)
         self._hang_task: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -82,6 +100,7 @@ class Agent:
             devices = await asyncio.to_thread(visible_devices)
             self.supervisor.slots = SlotPool(devices)
             await self.channel.start()
+            self.spares.start()
             self._hang_task = asyncio.create_task(self.hangs.run(), name="hang-watch")
             await self._register_first()
             # The detector pings agents to tell a dead node from a network error.
@@ -105,14 +124,19 @@ class Agent:
             self._hang_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._hang_task
+        await self.spares.close(self.settings.stop_wait_s)
         await self.supervisor.shutdown(self.settings.stop_wait_s)
         await self.channel.close()
         await self.outbox.close()  # lets the workers' exit reports go out first
         self.store.close()
 
+    def _identify(self, pid: int) -> WorkerKey | None:
+        """Who a process that connects to the channel is: a worker, or a warm spare."""
+        return self.supervisor.identify(pid) or self.spares.identify(pid)
+
     # --- commands ----------------------------------------------------------------------
 
-    async def handle(self, cmd: StartWorker | StopWorkers | InjectFault) -> None:
+    async def handle(self, cmd: AnyAgentCommand) -> None:
         """Run one command; a command that can never succeed is dead-lettered, not retried."""
         try:
             if isinstance(cmd, StartWorker):
@@ -122,7 +146,9 @@ class Agent:
                 await self.supervisor.start_worker(cmd)
             elif isinstance(cmd, StopWorkers):
                 await self.supervisor.stop_workers(cmd, self.settings.stop_wait_s)
-            else:
+            elif isinstance(cmd, RegroupWorker):
+                await self.regroups.regroup(cmd)
+            elif isinstance(cmd, InjectFault):
                 await self.faults.inject(cmd)
         except CommandRejectedError as exc:
             payload = cmd.model_dump_json().encode()
@@ -160,6 +186,7 @@ class Agent:
             return False  # another boot of this node took the record over; leave it be
         node.last_heartbeat = now()
         node.used = len(self.supervisor.live())
+        node.spares_ready = len(self.spares.ready())
         return True
 
     async def heartbeat_once(self) -> None:

@@ -108,6 +108,14 @@ class WorkerChannel:
         conn = self._by_key.get(key)
         return None if conn is None else conn.launched
 
+    def adopt(self, old: WorkerKey, new: WorkerKey) -> None:
+        """The process that spoke as ``old`` (a spare) is now the worker launched as ``new``."""
+        conn = self._by_key.get(old)
+        if conn is None:
+            return
+        conn.launched = new
+        self._bind(conn, new)
+
     async def send_to_worker(
         self, job_id: str, generation: int, rank: int, payload: dict[str, Any]
     ) -> bool:

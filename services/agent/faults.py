@@ -10,9 +10,10 @@ need nothing here: supervision and hang detection report them like any other.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 from services.agent.channel import WorkerChannel
-from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from services.agent.supervisor import CommandRejectedError, Supervisor, Worker, WorkerKey
 from shared.logging import get_logger
 from shared.messages import FaultDirective, FaultKind, InjectFault
 
@@ -38,7 +39,7 @@ class FaultInjector:
         if worker is None:
             raise CommandRejectedError(f"no live worker {_name(key)} on this node")
         directive = FaultDirective(fault=cmd.fault).model_dump(mode="json")
-        if await self.channel.send_to_worker(*key, directive):
+        if await self._send(worker, key, directive):
             flog.info("fault sent to worker", fault=cmd.fault.kind.value)
         elif cmd.fault.kind == FaultKind.CRASH:
             self.supervisor.crash(worker)
@@ -50,6 +51,14 @@ class FaultInjector:
         self._done[cmd.command_id] = None
         if len(self._done) > REMEMBERED:
             self._done.popitem(last=False)
+
+    async def _send(self, worker: Worker, key: WorkerKey, directive: dict[str, Any]) -> bool:
+        """Send by the identity the command names, or by the one the worker connected with (a
+        worker told to regroup is reachable before it reports under its new identity)."""
+        for ident in dict.fromkeys((key, worker.current, worker.key)):
+            if await self.channel.send_to_worker(*ident, directive):
+                return True
+        return False
 
 
 def _name(key: WorkerKey) -> str:

@@ -45,6 +45,10 @@ class SlotPool:
         self._taken.add(slot)
         return slot
 
+    def free(self) -> int:
+        """Devices no worker (or spare) holds."""
+        return max(0, len(self.devices) - len(self._taken))
+
     def release(self, slot: int | None) -> None:
         if slot is not None:
             self._taken.discard(slot)

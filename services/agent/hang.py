@@ -48,6 +48,7 @@ class Track:
     phase: str | None = None
     suspect_at: float | None = None  # the check that first found it silent for too long
     reported: bool = False
+    rejoining: bool = False  # told to re-form in place: the startup floor until its next step
 
     def __post_init__(self) -> None:
         self.iterations = deque(maxlen=self.window)
@@ -111,7 +112,14 @@ class HangWatch:
         track.iterations.append(report.iteration_s)
         track.steps += 1
         track.since, track.last_step, track.phase = at, report.step, None
-        track.suspect_at, track.reported = None, False
+        track.suspect_at, track.reported, track.rejoining = None, False, False
+
+    def regrouped(self, worker: Worker) -> None:
+        """The worker was told to re-form in place: a fresh clock under its new identity, and
+        until its next step the startup floor (it waits for joiners and a state transfer)."""
+        track = self._track(worker)
+        track.ident, track.since, track.phase = worker.current, self.clock(), None
+        track.suspect_at, track.reported, track.rejoining = None, False, True
 
     # --- the decision ----------------------------------------------------------------------
 
@@ -127,6 +135,8 @@ class HangWatch:
                 limit = max(limit, s.hang_warmup_s)
         if track.phase == "checkpoint":
             limit = max(limit, s.hang_checkpoint_s)
+        if track.rejoining:
+            limit = max(limit, s.hang_startup_s)
         return limit
 
     def check(self) -> list[WorkerHung]:

@@ -38,6 +38,12 @@ class AgentSettings(CommonSettings):
         default_factory=dict, description="extra trainer name → python module for this node"
     )
     stop_wait_s: float = Field(5.0, gt=0, description="how long to wait for killed workers")
+    spares: int | None = Field(
+        None, ge=0, description="warm spare workers to keep; default 1 when slots allow, 0: none"
+    )
+    spare_delay_s: float = Field(
+        2.0, ge=0, description="wait after a spare served a start before starting the next one"
+    )
 
     # hang detection: no step for max(factor x mean, mean + margin) is a hang (DESIGN §3)
     hang_factor: float = Field(3.0, gt=1.0, description="threshold in running-mean step times")
@@ -52,6 +58,12 @@ class AgentSettings(CommonSettings):
         60.0, gt=0, description="floor while the worker says it writes a checkpoint"
     )
     hang_check_interval_s: float = Field(0.05, gt=0, le=5.0, description="how often to check")
+
+    @property
+    def spare_count(self) -> int:
+        if self.spares is not None:
+            return self.spares
+        return 1 if self.slots >= 1 else 0
 
     @field_validator("node_id")
     @classmethod

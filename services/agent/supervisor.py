@@ -18,7 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from services.agent.gpus import SlotPool
 from services.agent.outbox import Sink
@@ -26,6 +26,9 @@ from services.agent.registry import EntrypointRegistry, UnknownTrainerError
 from shared.logging import get_logger
 from shared.messages import StartWorker, StopWorkers, WorkerExited, WorkerLaunch, WorkerStarted
 from shared.procs import die_with_parent
+
+if TYPE_CHECKING:
+    from services.agent.spares import SparePool
 
 log = get_logger(component="supervisor")
 # job ids become directory names: refuse anything that could climb out of the log directory.
@@ -48,6 +51,8 @@ class Worker:
     proc: asyncio.subprocess.Process
     generation: int  # the launch generation, raised when the worker re-forms in place
     slot: int | None = None  # its GPU slot, on a node with GPUs
+    rank: int | None = None  # its rank now, when a regroup gave it a new one
+    spare: bool = False  # a warm spare took the launch instead of a fresh process
     started_at: float = field(default_factory=time.monotonic)
     stopping: bool = False
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -58,8 +63,10 @@ class Worker:
 
     @property
     def current(self) -> WorkerKey:
-        """Who the worker is now: its launch key with the generation it re-formed into."""
-        return self.key._replace(generation=self.generation)
+        """Who the worker is now: its launch key with the generation (and rank) it re-formed
+        into."""
+        rank = self.key.rank if self.rank is None else self.rank
+        return self.key._replace(generation=self.generation, rank=rank)
 
 
 class Supervisor:
@@ -77,6 +84,7 @@ class Supervisor:
         self.socket_path = socket_path
         self.sink = sink
         self.slots = SlotPool()  # the agent gives it the node's devices once it found them
+        self.spares: SparePool | None = None  # warm spares that serve starts, when enabled
         self.closing = False
         self._workers: dict[WorkerKey, Worker] = {}
         self._stopped_below: dict[str, int] = {}  # job → generations below this were stopped
@@ -91,8 +99,16 @@ class Supervisor:
         return next((w.key for w in self.live() if w.proc.pid == pid), None)
 
     def find(self, key: WorkerKey) -> Worker | None:
-        """The live worker launched as ``key``, or re-formed into it."""
-        return next((w for w in self.live() if key in (w.key, w.current)), None)
+        """The live worker re-formed into ``key``, or else the one launched as it."""
+        live = self.live()
+        now_is = next((w for w in live if w.current == key), None)
+        return now_is or next((w for w in live if w.key == key), None)
+
+    def regroup(self, worker: Worker, generation: int, rank: int) -> None:
+        """The worker is told to re-form as ``rank`` of ``generation``: from now on stops, faults,
+        hang reports and its exit report know it by that identity."""
+        worker.generation = max(worker.generation, generation)
+        worker.rank = rank
 
     def advance(self, key: WorkerKey, generation: int) -> None:
         """The worker joined a newer generation in place: a stop of older ones must spare it."""
@@ -108,7 +124,7 @@ class Supervisor:
         wlog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
         if self.closing:
             raise RuntimeError("agent is shutting down")  # not acked: the next boot gets it
-        if key in self._workers:
+        if key in self._workers or self.find(key) is not None:
             wlog.info("duplicate start ignored")
             return
         if cmd.generation < self._stopped_below.get(cmd.job_id, 0):
@@ -120,11 +136,13 @@ class Supervisor:
             argv = self.registry.argv(cmd.spec.trainer)
         except UnknownTrainerError as exc:
             raise CommandRejectedError(str(exc)) from None
-        worker = await self._spawn(key, cmd, argv)
+        worker = await self._from_spare(key, cmd, argv) or await self._spawn(key, cmd, argv)
         self._workers[key] = worker
         worker.waiter = asyncio.create_task(self._watch(worker), name=f"watch-{key}")
         self.sink.report(self._started(worker))
-        wlog.info("worker started", pid=worker.proc.pid, argv=argv, slot=worker.slot)
+        wlog.info(
+            "worker started", pid=worker.proc.pid, argv=argv, slot=worker.slot, spare=worker.spare
+        )
 
     async def stop_workers(self, cmd: StopWorkers, wait_s: float = 5.0) -> None:
         """SIGKILL the job's live workers below the generation and wait for them to be reaped."""
@@ -143,7 +161,7 @@ class Supervisor:
     def crash(self, worker: Worker) -> None:
         """SIGKILL a worker as a fault would: its exit is reported as a crash, not a stop."""
         log.warning("crashing worker on request", job_id=worker.key.job_id, pid=worker.proc.pid)
-        _kill_group(worker.proc.pid)
+        kill_group(worker.proc.pid)
 
     async def shutdown(self, wait_s: float = 5.0) -> None:
         """Refuse new workers, kill the live ones and wait until each exit is reported."""
@@ -155,8 +173,8 @@ class Supervisor:
     def log_path(self, key: WorkerKey) -> Path:
         return self.data_dir / "logs" / key.job_id / f"g{key.generation}-r{key.rank}.log"
 
-    async def _spawn(self, key: WorkerKey, cmd: StartWorker, argv: list[str]) -> Worker:
-        launch = WorkerLaunch(
+    def _launch(self, cmd: StartWorker) -> WorkerLaunch:
+        return WorkerLaunch(
             node_id=self.node_id,
             job_id=cmd.job_id,
             generation=cmd.generation,
@@ -166,7 +184,21 @@ class Supervisor:
             rendezvous=cmd.rendezvous,
             checkpoint_dir=cmd.checkpoint_dir,
             agent_socket=str(self.socket_path),
+            state_source_rank=cmd.state_source_rank,
         )
+
+    async def _from_spare(self, key: WorkerKey, cmd: StartWorker, argv: list[str]) -> Worker | None:
+        """The worker as a warm spare that took the launch, or None when no spare is ready."""
+        if self.spares is None or self.spares.argv != argv:
+            return None
+        served = await self.spares.serve(key, self._launch(cmd), self.log_path(key))
+        if served is None:
+            return None
+        proc, slot = served
+        return Worker(key, proc, cmd.generation, slot, spare=True)
+
+    async def _spawn(self, key: WorkerKey, cmd: StartWorker, argv: list[str]) -> Worker:
+        launch = self._launch(cmd)
         slot = self.slots.acquire()
         env = {
             **os.environ,
@@ -195,13 +227,16 @@ class Supervisor:
         """Report the exit the moment the process is reaped."""
         code = await worker.proc.wait()
         self.slots.release(worker.slot)
+        if self.spares is not None and worker.slot is not None:
+            self.spares.nudge()
         exit_code, sig = (None, -code) if code < 0 else (code, None)
+        who = worker.current  # a worker that re-formed in place exits under its new identity
         self.sink.report(
             WorkerExited(
                 node_id=self.node_id,
-                job_id=worker.key.job_id,
-                generation=worker.key.generation,
-                rank=worker.key.rank,
+                job_id=who.job_id,
+                generation=who.generation,
+                rank=who.rank,
                 pid=worker.proc.pid,
                 exit_code=exit_code,
                 signal=sig,
@@ -210,9 +245,9 @@ class Supervisor:
         )
         log.info(
             "worker exited",
-            job_id=worker.key.job_id,
-            generation=worker.key.generation,
-            rank=worker.key.rank,
+            job_id=who.job_id,
+            generation=who.generation,
+            rank=who.rank,
             exit_code=exit_code,
             signal=sig,
             stopped_by_agent=worker.stopping,
@@ -221,7 +256,7 @@ class Supervisor:
     async def _kill_and_wait(self, victims: list[Worker], wait_s: float) -> None:
         for worker in victims:
             worker.stopping = True
-            _kill_group(worker.proc.pid)
+            kill_group(worker.proc.pid)
         waiters = [w.waiter for w in victims if w.waiter is not None]
         if waiters:
             _done, pending = await asyncio.wait(waiters, timeout=wait_s)
@@ -239,7 +274,7 @@ class Supervisor:
         )
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     """SIGKILL the worker's process group (it leads its own session), or at least itself."""
     try:
         os.killpg(pid, signal.SIGKILL)

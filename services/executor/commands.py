@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared.bus import Bus
-from shared.messages import Rendezvous, StartWorker, StopWorkers
+from shared.messages import RegroupDirective, RegroupWorker, Rendezvous, StartWorker, StopWorkers
 from shared.models import Job, NodeRecord
 
 
@@ -30,6 +30,7 @@ def rendezvous_for(job: Job, nodes: dict[str, NodeRecord]) -> Rendezvous:
 def start_commands(
     job: Job, nodes: dict[str, NodeRecord], checkpoint_root: Path
 ) -> list[tuple[str, StartWorker]]:
+    """A start for every rank that needs a new process (survivors re-form in place)."""
     rendezvous = rendezvous_for(job, nodes)
     return [
         (
@@ -43,10 +44,43 @@ def start_commands(
                 spec=job.spec,
                 rendezvous=rendezvous,
                 checkpoint_dir=str(checkpoint_root / job.id),
+                state_source_rank=worker.state_source_rank,
             ),
         )
         for worker in job.workers
+        if not worker.survivor
     ]
+
+
+def regroup_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, RegroupWorker]]:
+    """A regroup for every survivor: re-form in place as its new rank of this generation."""
+    rendezvous = rendezvous_for(job, nodes)
+    commands = []
+    for worker in job.workers:
+        if worker.from_generation is None or worker.from_rank is None:
+            continue
+        directive = RegroupDirective(
+            job_id=job.id,
+            generation=job.generation,
+            rank=worker.rank,
+            world_size=job.world_size,
+            rendezvous=rendezvous,
+            state_source_rank=worker.state_source_rank,
+        )
+        command = RegroupWorker(
+            command_id=f"regroup:{job.id}:{job.generation}:{worker.from_rank}",
+            job_id=job.id,
+            from_generation=worker.from_generation,
+            from_rank=worker.from_rank,
+            directive=directive,
+        )
+        commands.append((worker.node_id, command))
+    return commands
+
+
+async def send_regroups(bus: Bus, job: Job, nodes: dict[str, NodeRecord]) -> None:
+    for node_id, command in regroup_commands(job, nodes):
+        await bus.send_command(node_id, command)
 
 
 async def send_starts(

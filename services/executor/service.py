@@ -15,7 +15,7 @@ from services.executor.progress import ProgressTracker
 from services.executor.settings import ExecutorSettings
 from services.executor.transitions import TransitionRunner
 from shared.bus import Bus, parse_event
-from shared.events import CloudEvent, PlanCreated
+from shared.events import CloudEvent, FailureDetected, PlanCreated
 from shared.logging import get_logger
 from shared.messages import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from shared.models import JobState, WorkerState, now
@@ -30,10 +30,16 @@ class Executor:
         self.state = state
         self.settings = settings
         self.transitions = TransitionRunner(bus, state, settings)
-        self.progress = ProgressTracker(bus, state)
+        self.progress = ProgressTracker(bus, state, on_failed=self.transitions.fall_back)
 
     async def on_event(self, event: CloudEvent) -> None:
         data = event.typed()
+        if isinstance(data, FailureDetected):
+            if data.job_id is not None:
+                await self.progress.on_failure_detected(
+                    data.failure_id, data.job_id, data.detected_at
+                )
+            return
         if not isinstance(data, PlanCreated):
             return
         plan = await self.state.get_plan(data.plan_id)
@@ -52,7 +58,14 @@ class Executor:
                 w.state == WorkerState.LAUNCHING for w in job.workers
             )
             started = job.transition_started_at or now()
-            if stuck and now() - started > self.settings.launch_timeout_s:
+            waited = now() - started
+            regrouping = job.transition_kind == "in_place" and not job.stepping
+            late = regrouping and waited > self.settings.regroup_timeout_s
+            if late and job.state == JobState.RECOVERING:
+                why = f"no step {waited:.0f} s after the regroup started"
+                await self.transitions.fall_back(job.id, job.generation, why)
+                continue
+            if stuck and waited > self.settings.launch_timeout_s:
                 log.warning("workers not started; asking agents again", job_id=job.id)
                 await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
 
@@ -69,6 +82,9 @@ class Executor:
 async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: ExecutorSettings) -> None:
     executor = Executor(bus, state, settings)
     await bus.consume("unicron.events.plan.created", "executor", parse_event, executor.on_event)
+    await bus.consume(
+        "unicron.events.failure.detected", "executor-failures", parse_event, executor.on_event
+    )
     await bus.consume(
         f"{REPORT_SUBJECT_PREFIX}>",
         "executor-reports",

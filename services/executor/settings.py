@@ -11,6 +11,8 @@ class ExecutorSettings(CommonSettings):
     reconcile_interval_s: float = 2.0
     launch_timeout_s: float = 20.0
     max_recoveries: int = 20
+    # an in-place transition that has not stepped by then falls back to the checkpoint
+    regroup_timeout_s: float = 30.0
 
     @property
     def checkpoint_root(self) -> Path:

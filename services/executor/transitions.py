@@ -1,5 +1,14 @@
 """Carry out one plan: for each job, the transition from what runs to what the plan wants.
 
+Healthy workers are kept (DESIGN.md §5): when a recovering or resized job still has live
+workers of a generation that stepped, they re-form in place under the new generation
+(``RegroupWorker``) and only the missing ranks get new processes, joiners that take the state
+from a surviving rank. A reattempt (SEV3) re-forms the same ranks with no state transfer; a
+restart (SEV2) keeps the survivors' ranks and starts a joiner for each failed one; a resize or
+a reconfiguration compacts the survivors into the new ranks in placement order. Whenever that
+cannot apply (a job that never stepped, no survivor, a transition that fails before its first
+step) the job falls back to stopping every worker and restarting from the checkpoint.
+
 Each transition first commits the job's new generation and placement to Redis in one optimistic
 transaction, then sends the agent commands. Applying the same plan twice finds the job already
 at ``plan_id`` and does nothing; a plan computed against an older generation of a job is stale
@@ -9,17 +18,19 @@ is below the planner lease's current epoch is refused whole.
 
 from __future__ import annotations
 
-from services.executor.commands import send_starts, send_stops
+from services.executor.commands import MissingNodeError, send_regroups, send_starts, send_stops
 from services.executor.settings import ExecutorSettings
 from shared.bus import Bus
 from shared.events import JobStateChanged, TransitionStarted
 from shared.lease import PLANNER_LEASE, current_epoch
 from shared.logging import get_logger
 from shared.models import (
+    HistoryEntry,
     Job,
     JobAllocation,
     JobState,
     NodeRecord,
+    NodeState,
     Plan,
     PlanAction,
     WorkerRecord,
@@ -29,6 +40,91 @@ from shared.models import (
 from shared.state import StateStore
 
 _LAUNCHES = (PlanAction.START, PlanAction.RESTART, PlanAction.RESIZE)
+_IN_PLACE_ACTIONS = (PlanAction.RESTART, PlanAction.RESIZE)
+
+
+def finishing(job: Job) -> bool:
+    """A rank of the running generation exited 0: it did the job's last step, and so (data
+    parallel) did every rank; a plan that reads its finished slots as lost must not act."""
+    return not job.needs_recovery() and any(w.state == WorkerState.SUCCEEDED for w in job.workers)
+
+
+def failed_ranks(job: Job, nodes: dict[str, NodeRecord]) -> set[int]:
+    """Ranks of the current generation that cannot take part in an in-place transition: the
+    process is gone, its node is not usable, or it is the culprit of a failure that calls for
+    more than a reattempt (a hung or faulty rank)."""
+    failure = job.last_failure if job.needs_recovery() else None
+    bad = set()
+    for worker in job.workers:
+        node = nodes.get(worker.node_id)
+        if worker.state != WorkerState.RUNNING or node is None or node.state != NodeState.READY:
+            bad.add(worker.rank)
+    if failure is not None and failure.action != "reattempt":
+        if failure.rank is not None:
+            bad.add(failure.rank)
+        if failure.kind == "node_lost" and failure.node_id is not None:
+            bad |= {w.rank for w in job.workers if w.node_id == failure.node_id}
+    return bad
+
+
+def in_place_workers(
+    job: Job, alloc: JobAllocation, nodes: dict[str, NodeRecord]
+) -> list[WorkerRecord] | None:
+    """The new generation's workers with survivors kept in place, or None when that cannot
+    apply (then every rank restarts from the checkpoint)."""
+    if alloc.action not in _IN_PLACE_ACTIONS or job.state == JobState.PENDING:
+        return None
+    if not job.stepping or job.state.terminal or not alloc.nodes:
+        return None
+    if job.step >= job.spec.steps:
+        return None  # its workers are finishing: nothing left to keep them for
+    bad = failed_ranks(job, nodes)
+    survivors = sorted(
+        (w for w in job.workers if w.rank not in bad and w.rank < job.world_size),
+        key=lambda w: w.rank,
+    )
+    if not survivors:
+        return None
+    chosen: dict[int, WorkerRecord] = {}
+    taken: set[int] = set()
+    # keep a survivor's rank where the plan keeps its node for that rank …
+    by_rank = {w.rank: w for w in survivors}
+    for rank, node_id in enumerate(alloc.nodes):
+        same = by_rank.get(rank)
+        if same is not None and same.node_id == node_id:
+            chosen[rank] = same
+            taken.add(same.rank)
+    # … and fill the other ranks in placement order from the survivors left on each node
+    for rank, node_id in enumerate(alloc.nodes):
+        if rank in chosen:
+            continue
+        spare = next((w for w in survivors if w.node_id == node_id and w.rank not in taken), None)
+        if spare is not None:
+            chosen[rank] = spare
+            taken.add(spare.rank)
+    if not chosen:
+        return None
+    joiners = len(chosen) < len(alloc.nodes)
+    source = min(chosen) if joiners else None
+    generation = job.generation
+    workers = []
+    for rank, node_id in enumerate(alloc.nodes):
+        old = chosen.get(rank)
+        if old is None:
+            workers.append(WorkerRecord(rank=rank, node_id=node_id, state_source_rank=source))
+        else:
+            workers.append(
+                WorkerRecord(
+                    rank=rank,
+                    node_id=node_id,
+                    pid=old.pid,
+                    state=WorkerState.RUNNING,
+                    from_generation=generation,
+                    from_rank=old.rank,
+                    state_source_rank=source,
+                )
+            )
+    return workers
 
 
 class TransitionRunner:
@@ -63,9 +159,13 @@ class TransitionRunner:
 
         def prepare(job: Job) -> bool:
             nonlocal before, give_up
+            before, give_up = None, False  # a retried transaction starts afresh
             if job.state.terminal or job.plan_id == plan.id or job.generation != alloc.generation:
                 return False
+            if alloc.action != PlanAction.START and finishing(job):
+                return False  # a rank finished the last step: the others are about to
             before = job.model_copy(deep=True)
+            kept = in_place_workers(job, alloc, nodes)
             recovering = alloc.action != PlanAction.START or job.state != JobState.PENDING
             give_up = alloc.action == PlanAction.RESTART and (
                 job.recoveries >= self.settings.max_recoveries
@@ -78,24 +178,42 @@ class TransitionRunner:
                 job.set_state(JobState.FAILED, f"gave up after {job.recoveries} recoveries")
                 return True
             job.world_size = alloc.workers
-            job.workers = [WorkerRecord(rank=r, node_id=n) for r, n in enumerate(alloc.nodes)]
+            fresh = [WorkerRecord(rank=r, node_id=n) for r, n in enumerate(alloc.nodes)]
+            job.workers = kept if kept is not None else fresh
+            job.transition_kind = "in_place" if kept is not None else "checkpoint"
+            job.transition_fallback = None
+            job.stepping = False
             job.transition_started_at = now()
             job.transition = alloc.action
             if alloc.action == PlanAction.RESTART:
                 job.recoveries += 1
-            job.set_state(
-                JobState.RECOVERING if recovering else JobState.STARTING,
-                f"plan {plan.seq}: {alloc.action.value} on {alloc.workers} workers",
-            )
+            reason = f"plan {plan.seq}: {alloc.action.value} on {alloc.workers} workers"
+            if kept is not None:
+                survivors = sum(w.survivor for w in kept)
+                reason += (
+                    f", in place as generation {job.generation}: {survivors} kept, "
+                    f"{len(kept) - survivors} joining"
+                )
+            state = JobState.RECOVERING if recovering else JobState.STARTING
+            if not job.set_state(state, reason) and kept is not None:
+                job.history.append(HistoryEntry(state=job.state, reason=reason))
             return True
 
         job = await self.state.update_job(alloc.job_id, prepare)
         if job is None or before is None:
             return  # unknown job, already applied, or stale for this job
         old = before
-        await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
-        if not give_up:
+        if job.transition_kind == "in_place" and not give_up:
+            # Per node, commands run in order: the regroups raise the survivors' generation
+            # before the stop, which then ends only the old generation's other processes.
             await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
+            await send_regroups(self.bus, job, nodes)
+            await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
+        else:
+            await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
+        if not give_up:
+            if job.transition_kind != "in_place":
+                await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
             await self.bus.publish_event(
                 TransitionStarted(
                     job_id=job.id,
@@ -110,9 +228,67 @@ class TransitionRunner:
         log.info(
             "transition started",
             action=alloc.action.value,
+            kind=job.transition_kind,
             generation=job.generation,
             workers=job.world_size,
+            survivors=sum(w.survivor for w in job.workers),
         )
+
+    async def fall_back(self, job_id: str, generation: int, why: str) -> Job | None:
+        """Abandon an in-place transition to ``generation`` that has not stepped yet: stop every
+        worker and restart all ranks from the checkpoint, on the same placement. Safe to call
+        again (only the first call for a generation acts); returns the job when it acted."""
+        before: Job | None = None
+
+        def restart(job: Job) -> bool:
+            nonlocal before
+            before = None
+            if (
+                job.generation != generation
+                or job.transition_kind != "in_place"
+                or job.stepping
+                or job.state.terminal
+                or not job.workers
+            ):
+                return False
+            before = job.model_copy(deep=True)
+            job.generation += 1
+            placement = [w.node_id for w in sorted(job.workers, key=lambda w: w.rank)]
+            job.workers = [WorkerRecord(rank=r, node_id=n) for r, n in enumerate(placement)]
+            job.transition_kind = "checkpoint"
+            job.transition_fallback = why
+            job.transition_started_at = now()
+            reason = (
+                f"in-place transition to generation {generation} failed ({why}); "
+                f"generation {job.generation} restarts every rank from the checkpoint"
+            )
+            if not job.set_state(JobState.RECOVERING, reason):
+                job.history.append(HistoryEntry(state=job.state, reason=reason))
+            return True
+
+        job = await self.state.update_job(job_id, restart)
+        if job is None or before is None:
+            return None
+        log = get_logger(job_id=job_id)
+        log.warning("in-place transition failed; restarting from the checkpoint", why=why)
+        nodes = {n.id: n for n in await self.state.list_nodes()}
+        await send_stops(self.bus, job, sorted(nodes), job.generation, f"fallback: {why}")
+        try:
+            await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
+        except MissingNodeError:
+            log.exception("cannot restart; the next plan will place the job again")
+        await self.bus.publish_event(
+            TransitionStarted(
+                job_id=job.id,
+                plan_id=job.plan_id or "",
+                action=job.transition or PlanAction.RESTART,
+                generation=job.generation,
+                from_workers=before.world_size,
+                to_workers=job.world_size,
+            )
+        )
+        await self._announce(before, job)
+        return job
 
     async def stop(self, alloc: JobAllocation, plan: Plan, nodes: dict[str, NodeRecord]) -> None:
         before: Job | None = None

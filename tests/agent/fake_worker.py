@@ -13,7 +13,11 @@ then acts on ``spec.name``:
   writes a checkpoint (phase ``checkpoint``, CKPT ms) every ``spec.checkpoint_every`` steps.
   After ``spec.steps`` steps, or on a ``hang`` fault directive, it stops stepping inside
   ``compute`` and sleeps until killed. Each line the agent sends is logged as
-  ``directive <line>``.
+  ``directive <line>``. A ``regroup`` directive makes it answer ``worker_regrouped`` and carry
+  on under the new generation and rank (the worker side of the regroup protocol, minimally).
+
+With ``--spare`` it is a warm spare: it connects to ``$UNICRON_AGENT_SOCKET`` at once and waits
+for one line ``{"directive": "launch", "launch": ...}``, then goes on as if launched with it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ import sys
 import threading
 import time
 from typing import Any
+
+SEND = threading.Lock()  # the stepping loop and the directive listener both write lines
+
+
+def send(sock: socket.socket, data: bytes) -> None:
+    with SEND:
+        sock.sendall(data)
 
 
 def line(launch: dict[str, Any], kind: str, **fields: Any) -> bytes:
@@ -53,12 +64,22 @@ def echo(sock: socket.socket, launch: dict[str, Any]) -> int:
     return 0
 
 
-def listen(sock: socket.socket, halt: threading.Event) -> None:
-    """Log every directive; a ``hang`` fault makes the stepping loop stop."""
+def listen(sock: socket.socket, launch: dict[str, Any], halt: threading.Event) -> None:
+    """Log every directive; a ``hang`` fault makes the stepping loop stop; a regroup changes
+    who the worker is from its next line on."""
     for raw in sock.makefile("rb"):
         print("directive", raw.decode().strip(), flush=True)
-        if json.loads(raw).get("fault", {}).get("kind") == "hang":
+        directive = json.loads(raw)
+        if directive.get("fault", {}).get("kind") == "hang":
             halt.set()
+        if directive.get("directive") == "regroup":
+            with SEND:
+                for name in ("generation", "rank", "world_size"):
+                    launch[name] = directive[name]
+            source = "none" if directive.get("state_source_rank") is None else "memory"
+            send(sock, line(launch, "worker_regrouped", pid=os.getpid(),
+                            world_size=directive["world_size"], regroup_s=0.001,
+                            state_source=source, resumed_step=0))  # fmt: skip
 
 
 def step(sock: socket.socket, launch: dict[str, Any], behaviour: str) -> None:
@@ -66,30 +87,55 @@ def step(sock: socket.socket, launch: dict[str, Any], behaviour: str) -> None:
     spec, rank = launch["spec"], launch["rank"]
     rng = random.Random(spec["seed"] * 1000 + rank)
     halt = threading.Event()
-    threading.Thread(target=listen, args=(sock, halt), daemon=True).start()
+    threading.Thread(target=listen, args=(sock, launch, halt), daemon=True).start()
+    if launch.get("state_source_rank") is not None:  # a joiner: says it took a peer's state
+        send(sock, line(launch, "worker_regrouped", pid=os.getpid(),
+                        world_size=launch["world_size"], regroup_s=0.001, state_transfer_s=0.002,
+                        state_source="peer", resumed_step=0))  # fmt: skip
     for s in range(spec["steps"]):
         if halt.is_set():
             break
         started = time.monotonic()
-        sock.sendall(line(launch, "worker_phase", phase="compute", step=s))
+        send(sock, line(launch, "worker_phase", phase="compute", step=s))
         time.sleep(spike if rng.random() < 1 / 25 else rng.uniform(lo, hi))
-        sock.sendall(line(launch, "worker_phase", phase="collective", step=s))
-        sock.sendall(step_line(launch, s, time.monotonic() - started))
+        send(sock, line(launch, "worker_phase", phase="collective", step=s))
+        send(sock, step_line(launch, s, time.monotonic() - started))
         if rank == 0 and (s + 1) % spec["checkpoint_every"] == 0:
-            sock.sendall(line(launch, "worker_phase", phase="checkpoint", step=s))
+            send(sock, line(launch, "worker_phase", phase="checkpoint", step=s))
             time.sleep(ckpt)
     else:
         s = spec["steps"]
-    sock.sendall(line(launch, "worker_phase", phase="compute", step=s))
+    send(sock, line(launch, "worker_phase", phase="compute", step=s))
+
+
+def wait_as_spare() -> tuple[socket.socket, dict[str, Any]]:
+    """Connect at once, then read the launch line byte by byte (no buffer to lose)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.environ["UNICRON_AGENT_SOCKET"])
+    raw = b""
+    while not raw.endswith(b"\n"):
+        byte = sock.recv(1)
+        if not byte:
+            sys.exit(3)
+        raw += byte
+    message = json.loads(raw)
+    assert message["directive"] == "launch", message
+    return sock, dict(message["launch"])
 
 
 def main() -> int:
-    launch = json.loads(os.environ["UNICRON_WORKER_LAUNCH"])
+    spare = "--spare" in sys.argv[1:]
+    if spare:
+        sock, launch = wait_as_spare()
+    else:
+        launch = json.loads(os.environ["UNICRON_WORKER_LAUNCH"])
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     print(json.dumps(launch), flush=True)
     print(json.dumps({"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}), flush=True)
+    if spare:
+        print("served by spare", flush=True)
     behaviour = launch["spec"]["name"]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    if behaviour != "mute":
+    if behaviour != "mute" and not spare:
         sock.connect(launch["agent_socket"])
     if behaviour == "echo":
         return echo(sock, launch)
@@ -97,7 +143,7 @@ def main() -> int:
         step(sock, launch, behaviour)
     elif behaviour != "mute":
         for s in range(min(launch["spec"]["steps"], 100)):
-            sock.sendall(step_line(launch, s))
+            send(sock, step_line(launch, s))
         if behaviour.startswith("exit-"):
             return int(behaviour.removeprefix("exit-"))
     while True:

@@ -1,0 +1,323 @@
+"""Recovery benchmark (issue #5): how fast a job is stepping again after a fault, how much work
+it redoes, and where the state came from.
+
+A 4-worker GPT job on 2 agents x 2 slots. ``--trials`` SIGKILLs of one worker (SEV2) and
+``--trials`` SIGKILLs of an agent (node loss, SEV1; the agent is restarted afterwards and the
+job grows back). For each: fault → next completed step (the kill time against the new
+generation's first step, ``failure.observed_at + transition.completed.downtime_s``), steps lost
+(the step done before the fault minus the step the job resumed from) and the state source; the
+phases of ``transition.completed``. The same crash runs under ``torchrun --max-restarts=3``
+with a checkpoint every 10 steps (:mod:`bench.torchrun_ckpt_job`) in the same run. Prints a
+table, then one JSON line.
+
+    python bench/recover.py [--trials 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.harness import BenchCluster, bench_cluster, median, percentile
+from bench.torchrun_baseline import TorchrunJob
+
+JOB = {
+    "name": "recover-bench", "steps": 10_000_000, "min_workers": 2, "max_workers": 4,
+    "global_batch": 8, "micro_batch": 2, "checkpoint_every": 10,
+    "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 32, "vocab": 64},
+}  # fmt: skip
+PHASES = ("detect", "plan", "regroup", "state_transfer", "first_step")
+
+
+@dataclass
+class Trial:
+    recover_s: float
+    lost_steps: int
+    source: str
+    kind: str
+    phases: dict[str, float] = field(default_factory=dict)
+    fallback: str | None = None
+
+
+@dataclass
+class Series:
+    name: str
+    trials: list[Trial] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def recover(self) -> list[float]:
+        return [t.recover_s for t in self.trials]
+
+
+async def _completed(
+    cluster: BenchCluster, job_id: str, after_gen: int, timeout_s: float
+) -> tuple[float, dict[str, Any], dict[str, Any] | None]:
+    """(arrival, transition.completed data, failure.detected data) of the first transition of a
+    generation above ``after_gen``."""
+    failure: dict[str, Any] | None = None
+    async with asyncio.timeout(timeout_s):
+        while True:
+            event = await cluster.events.get()
+            data = event.data
+            if data.get("job_id") != job_id:
+                continue
+            if event.type == "failure.detected" and data.get("generation") == after_gen:
+                failure = failure or data
+            if event.type == "transition.completed" and data["generation"] > after_gen:
+                return time.time(), data, failure
+
+
+def _trial(
+    killed_at: float, step_before: int, arrived: float, done: dict[str, Any],
+    failure: dict[str, Any] | None,
+) -> Trial:  # fmt: skip
+    first_step = arrived
+    if failure is not None and done.get("downtime_s") is not None:
+        first_step = failure["observed_at"] + done["downtime_s"]
+    return Trial(
+        recover_s=max(0.0, first_step - killed_at),
+        lost_steps=max(0, step_before - int(done["resumed_step"])),
+        source=str(done.get("state_source") or "?"),
+        kind=str(done.get("kind") or "?"),
+        phases=dict(done.get("phases") or {}),
+        fallback=done.get("fallback"),
+    )
+
+
+async def spares_ready(cluster: BenchCluster, timeout_s: float = 60.0) -> bool:
+    """Wait for steady state: every ready node has its warm spare again (agents replenish them
+    in the background after serving a start), as said by a heartbeat sent after this call (an
+    older one may predate the last start); False when that did not happen in time."""
+    since = time.time()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        nodes = (await cluster.api.get("/v1/nodes")).raise_for_status().json()
+        ready = [n for n in nodes if n["state"] == "READY"]
+        fresh = all(n["last_heartbeat"] > since for n in ready)
+        if ready and fresh and all(n.get("spares_ready", 0) >= 1 for n in ready):
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def _progress(series: Series) -> None:
+    t = series.trials[-1]
+    print(f"{series.name} #{len(series.trials)}: {t.recover_s:.3f} s, lost {t.lost_steps}, "
+          f"fallback {t.fallback}, "
+          f"{t.kind}/{t.source} {t.phases}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _pid(job: dict[str, Any], rank: int) -> int:
+    return int(next(w["pid"] for w in job["workers"] if w["rank"] == rank))
+
+
+async def crash_trials(cluster: BenchCluster, job_id: str, trials: int) -> Series:
+    series = Series("unicron crash (SEV2)")
+    for _ in range(trials):
+        job = await cluster.wait_job(job_id, world=4)
+        if not await spares_ready(cluster):
+            series.notes.append("a node had no warm spare at the fault")
+        cluster.drain("transition.completed")
+        cluster.drain("failure.detected")
+        rank = random.randrange(4)
+        job = await cluster.job(job_id)
+        killed_at = time.time()
+        os.kill(_pid(job, rank), signal.SIGKILL)
+        arrived, done, failure = await _completed(cluster, job_id, job["generation"], 120)
+        series.trials.append(_trial(killed_at, job["step"], arrived, done, failure))
+        _progress(series)
+        if done.get("fallback"):
+            series.notes.append(f"fallback: {done['fallback']}")
+    return series
+
+
+async def node_loss_trials(
+    cluster: BenchCluster, job_id: str, trials: int
+) -> tuple[Series, list[float]]:
+    series = Series("unicron node loss (SEV1)")
+    regrow: list[float] = []
+    child = cluster.stack.children["agent-node-1"]
+    for _ in range(trials):
+        await cluster.wait_job(job_id, world=4)
+        if not await spares_ready(cluster):
+            series.notes.append("a node had no warm spare at the fault")
+        cluster.drain("transition.completed")
+        cluster.drain("failure.detected")
+        job = await cluster.job(job_id)
+        assert child.process is not None
+        killed_at = time.time()
+        child.process.kill()
+        arrived, done, failure = await _completed(cluster, job_id, job["generation"], 120)
+        series.trials.append(_trial(killed_at, job["step"], arrived, done, failure))
+        _progress(series)
+        if done["world_size"] != 2:
+            series.notes.append(f"expected a shrink to 2, got {done['world_size']}")
+        if done.get("fallback"):
+            series.notes.append(f"fallback: {done['fallback']}")
+        back_at = time.time()
+        await asyncio.to_thread(cluster.stack.restart_exited)
+        while True:  # the node comes back; the planner grows the job again
+            arrived, grown, _ = await _completed(cluster, job_id, done["generation"], 180)
+            if grown["world_size"] == 4:
+                regrow.append(arrived - back_at)
+                break
+            done = grown
+    return series, regrow
+
+
+class CheckpointingTorchrun(TorchrunJob):
+    """``TorchrunJob`` running :mod:`bench.torchrun_ckpt_job` with ``--max-restarts=3``."""
+
+    def __init__(self, workdir: Path, nproc: int = 4, max_restarts: int = 3) -> None:
+        import subprocess
+        import threading
+
+        self.markers = workdir / "markers.jsonl"
+        self.markers.touch()
+        env = dict(os.environ, BENCH_MARKERS=str(self.markers), BENCH_CKPT=str(workdir / "ckpt"),
+                   BENCH_CHECKPOINT_EVERY="10", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                   OMP_NUM_THREADS="1")  # fmt: skip
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+            "-m", "bench.torchrun_ckpt_job",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            start_new_session=True, text=True,
+        )  # fmt: skip
+        self.lines: list[tuple[float, str]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def first_step(self, restart: int, timeout_s: float = 180.0) -> dict[str, Any]:
+        """The first completed step of group ``restart`` (every rank's step has the same t)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            steps = [m for m in self.marks() if m["restart"] == restart and m["event"] == "step"]
+            if steps:
+                return min(steps, key=lambda m: m["t"])
+            time.sleep(0.02)
+        raise TimeoutError(f"torchrun group {restart} never stepped")
+
+    def wait_progress(self, restart: int, steps: int, timeout_s: float = 180.0) -> dict[int, int]:
+        """Pids by rank once every rank of group ``restart`` did ``steps`` steps in it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            marks = [m for m in self.marks() if m["restart"] == restart and m["event"] == "step"]
+            done: dict[int, list[dict[str, Any]]] = {}
+            for mark in marks:
+                done.setdefault(mark["rank"], []).append(mark)
+            if len(done) == 4 and all(len(v) >= steps for v in done.values()):
+                return {rank: int(v[-1]["pid"]) for rank, v in done.items()}
+            time.sleep(0.05)
+        raise TimeoutError(f"torchrun group {restart} did not make {steps} steps")
+
+    def last_step(self, restart: int) -> int:
+        steps = [
+            m["step"] for m in self.marks() if m["restart"] == restart and m["event"] == "step"
+        ]
+        return max(steps, default=0)
+
+
+def torchrun_crashes(trials: int, max_restarts: int = 3) -> Series:
+    series = Series("torchrun crash (ckpt every 10)")
+    done = 0
+    while done < trials:
+        with tempfile.TemporaryDirectory(
+            prefix="torchrun-recover-", ignore_cleanup_errors=True
+        ) as tmp:
+            job = CheckpointingTorchrun(Path(tmp), max_restarts=max_restarts)
+            try:
+                for restart in range(min(max_restarts, trials - done)):
+                    pids = job.wait_progress(restart, random.randint(8, 20))
+                    step_before = job.last_step(restart)
+                    killed_at = time.time()
+                    os.kill(pids[random.randrange(4)], signal.SIGKILL)
+                    first = job.first_step(restart + 1)
+                    series.trials.append(
+                        Trial(
+                            recover_s=first["t"] - killed_at,
+                            lost_steps=max(0, step_before - int(first["resumed"])),
+                            source="disk" if first["resumed"] else "none",
+                            kind="restart",
+                        )
+                    )
+                    _progress(series)
+                    done += 1
+            finally:
+                job.stop()
+    return series
+
+
+def _table(series: list[Series], regrow: list[float]) -> Table:
+    table = Table(title="Recovery: fault → next completed step")
+    for column in ("fault", "trials", "p50 s", "p99 s", "lost steps max", "source", "kind",
+                   *(f"{p} p50" for p in PHASES)):  # fmt: skip
+        table.add_column(
+            column, justify="left" if column in ("fault", "source", "kind") else "right"
+        )
+    for s in series:
+        sources = sorted({t.source for t in s.trials})
+        kinds = sorted({t.kind + ("*" if t.fallback else "") for t in s.trials})
+        cells = []
+        for phase in PHASES:
+            values = [t.phases[phase] for t in s.trials if phase in t.phases]
+            cells.append(f"{median(values):.3f}" if values else "-")
+        table.add_row(
+            s.name, str(len(s.trials)), f"{median(s.recover()):.3f}",
+            f"{percentile(s.recover(), 99):.3f}",
+            str(max((t.lost_steps for t in s.trials), default=0)), ",".join(sources),
+            ",".join(kinds), *cells,
+        )  # fmt: skip
+    if regrow:
+        table.add_row("node back → 4 workers", str(len(regrow)), f"{median(regrow):.3f}",
+                      f"{percentile(regrow, 99):.3f}", "", "", "", *[""] * len(PHASES))  # fmt: skip
+    return table
+
+
+async def main(trials: int) -> dict[str, Any]:
+    random.seed(0)
+    async with bench_cluster() as cluster:
+        job_id = await cluster.submit(**JOB)
+        crash = await crash_trials(cluster, job_id, trials)
+        node_loss, regrow = await node_loss_trials(cluster, job_id, trials)
+    try:
+        torchrun = await asyncio.to_thread(torchrun_crashes, trials)
+    except Exception as exc:  # keep the Unicron results; say why the baseline is missing
+        torchrun = Series("torchrun crash (ckpt every 10)", notes=[f"baseline failed: {exc!r}"])
+    console = Console(width=200)
+    console.print(_table([crash, node_loss, torchrun], regrow))
+    for s in (crash, node_loss, torchrun):
+        for note in s.notes:
+            console.print(f"[yellow]{s.name}: {note}[/yellow]")
+    unicron_crash, torch_crash = median(crash.recover()), median(torchrun.recover())
+    return {
+        "unicron_crash_s_p50": round(unicron_crash, 3),
+        "unicron_node_loss_s_p50": round(median(node_loss.recover()), 3),
+        "torchrun_crash_s_p50": round(torch_crash, 3),
+        "ratio_p50": round(torch_crash / unicron_crash, 2) if unicron_crash > 0 else None,
+        "unicron_lost_steps_max": max(
+            (t.lost_steps for t in crash.trials + node_loss.trials), default=0
+        ),
+        "torchrun_lost_steps_max": max((t.lost_steps for t in torchrun.trials), default=0),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.trials))))

@@ -1,0 +1,170 @@
+"""In-place regroups delivered to live workers, and warm spares that serve starts.
+
+The stdlib fake worker (``tests/agent/fake_worker.py``) plays the worker side of both
+protocols; everything is awaited with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.agent.agent import Agent
+from services.agent.channel import WorkerChannel
+from services.agent.hang import HangWatch
+from services.agent.registry import EntrypointRegistry
+from services.agent.regroup import Regrouper
+from services.agent.settings import AgentSettings
+from services.agent.spares import SparePool
+from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from shared.bus import Bus
+from shared.messages import (
+    DeadLetter,
+    RegroupDirective,
+    RegroupWorker,
+    Rendezvous,
+    StepCompleted,
+    StopWorkers,
+    WorkerExited,
+    WorkerLaunch,
+    WorkerRegrouped,
+    WorkerStarted,
+    command_subject,
+)
+from shared.state import StateStore
+from tests.agent.conftest import FAKE_WORKER, NODE, RecordingSink, inbox, start_cmd, until
+
+STEPPER = "step-20-40-40-0"
+
+
+def regroup(
+    job: str, from_gen: int, from_rank: int, gen: int, rank: int, world: int
+) -> RegroupWorker:
+    rendezvous = Rendezvous(host="127.0.0.1", port=29500, prefix=f"{job}/g{gen}/")
+    directive = RegroupDirective(
+        job_id=job, generation=gen, rank=rank, world_size=world, rendezvous=rendezvous
+    )
+    return RegroupWorker(
+        job_id=job, from_generation=from_gen, from_rank=from_rank, directive=directive
+    )
+
+
+def directives(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith("directive ")]
+
+
+async def test_regroup_reaches_the_worker_and_rekeys_it(
+    supervisor: Supervisor, channel: WorkerChannel, sink: RecordingSink, watch: HangWatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    regroups = Regrouper(channel, supervisor, on_regroup=watch.regrouped)
+    await supervisor.start_worker(start_cmd("job-a", STEPPER, generation=1, rank=2, steps=10_000))
+    started = await sink.next(WorkerStarted)
+    await sink.next(StepCompleted)  # its channel is connected
+
+    cmd = regroup("job-a", 1, 2, gen=2, rank=0, world=2)
+    await regroups.regroup(cmd)
+    done = await sink.next(WorkerRegrouped)
+    assert (done.generation, done.rank, done.world_size, done.pid) == (2, 0, 2, started.pid)
+    step = await sink.next(StepCompleted)
+    assert (step.generation, step.rank) == (2, 0)
+    worker = supervisor.find(WorkerKey("job-a", 2, 0))
+    assert worker is not None and worker.proc.pid == started.pid
+    assert watch._tracks[worker.key].ident == WorkerKey("job-a", 2, 0)  # hang reports: new name
+
+    # redelivered: nothing sent twice; a stop of the old generation spares the re-formed worker
+    await regroups.regroup(cmd.model_copy(update={"command_id": "cmd-again"}))
+    await supervisor.stop_workers(StopWorkers(job_id="job-a", below_generation=2))
+    assert worker.alive
+    log = tmp_path / "logs" / "job-a" / "g1-r2.log"
+    await until(lambda: len(directives(log)) >= 1)
+    assert len(directives(log)) == 1 and '"directive": "regroup"' in directives(log)[0]
+
+    # a worker this node does not run cannot be regrouped
+    with pytest.raises(CommandRejectedError, match="no live worker job-a g1 r1"):
+        await regroups.regroup(regroup("job-a", 1, 1, gen=2, rank=1, world=2))
+
+    # its exit speaks for who it is now
+    os.kill(started.pid, signal.SIGKILL)
+    exited = await sink.next(WorkerExited)
+    assert (exited.generation, exited.rank, exited.signal) == (2, 0, signal.SIGKILL)
+
+
+async def test_agent_dead_letters_a_regroup_for_an_unknown_worker(
+    bus: Bus, state: StateStore, tmp_path: Path
+) -> None:
+    letters = await inbox(bus, "unicron.deadletter", DeadLetter.model_validate_json)
+    node = Agent(AgentSettings(node_id=NODE, data_dir=tmp_path, spares=0), bus, state)
+    node.outbox.start()
+    try:
+        await node.handle(regroup("job-z", 3, 1, gen=4, rank=0, world=1))
+        letter = await letters.report(DeadLetter, subject=command_subject(NODE))
+        assert "no live worker job-z g3 r1" in letter.reason
+    finally:
+        await node.outbox.close()
+
+
+@pytest.fixture
+async def spares(supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path) -> SparePool:
+    argv = EntrypointRegistry({"gpt": FAKE_WORKER}).argv("gpt")
+    pool = SparePool(1, argv, channel.path, tmp_path, lambda: supervisor.slots)
+    pool.channel = channel
+    supervisor.spares = pool
+    channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
+    pool.start()
+    yield pool  # type: ignore[misc]
+    await pool.close()
+
+
+async def test_a_start_is_served_by_a_warm_spare_which_is_replaced(
+    supervisor: Supervisor, spares: SparePool, sink: RecordingSink, tmp_path: Path
+) -> None:
+    await until(lambda: len(spares.ready()) == 1)
+    spare = spares.ready()[0]
+    cmd = start_cmd("job-s", "hang", steps=3)
+    await supervisor.start_worker(cmd)
+    started = await sink.next(WorkerStarted)
+    assert started.pid == spare.proc.pid and spares.served == 1
+    assert [(await sink.next(StepCompleted)).step for _ in range(3)] == [0, 1, 2]
+    log = tmp_path / "logs" / "job-s" / "g1-r0.log"
+    launch = WorkerLaunch.model_validate_json(log.read_text().splitlines()[0])
+    assert (launch.job_id, launch.rendezvous) == ("job-s", cmd.rendezvous)
+    assert "served by spare" in log.read_text()
+
+    # another spare takes its place; one that dies is replaced; neither is a worker
+    await until(lambda: len(spares.ready()) == 1 and spares.ready()[0] is not spare)
+    second = spares.ready()[0]
+    os.kill(second.proc.pid, signal.SIGKILL)
+    await until(lambda: len(spares.ready()) == 1 and spares.ready()[0] is not second)
+    assert [w.proc.pid for w in supervisor.live()] == [started.pid]
+
+    await spares.close()
+    assert spares.waiting() == []
+
+
+async def test_spares_give_up_when_the_trainer_cannot_wait(
+    supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path
+) -> None:
+    pool = SparePool(
+        1, [sys.executable, "-c", "pass"], channel.path, tmp_path, lambda: supervisor.slots
+    )
+    pool.channel = channel
+    pool.start()
+    try:
+        await until(lambda: not pool.enabled)
+        launch_key = WorkerKey("job-x", 1, 0)
+        assert await pool.serve(launch_key, _launch(), tmp_path / "x.log") is None
+    finally:
+        await pool.close()
+
+
+def _launch() -> WorkerLaunch:
+    cmd = start_cmd("job-x", "hang")
+    return WorkerLaunch(
+        node_id="n1", job_id=cmd.job_id, generation=1, rank=0, world_size=1, spec=cmd.spec,
+        rendezvous=cmd.rendezvous, checkpoint_dir=cmd.checkpoint_dir, agent_socket="/tmp/x",
+    )  # fmt: skip
