@@ -91,31 +91,20 @@ def _pid(job: dict[str, Any], rank: int) -> int:
     return int(next(w["pid"] for w in job["workers"] if w["rank"] == rank))
 
 
-async def crash_trials(cluster: BenchCluster, job_id: str, trials: int) -> KindResult:
+async def signal_trials(
+    cluster: BenchCluster, job_id: str, trials: int, sig: signal.Signals, expect: dict[str, Any]
+) -> KindResult:
+    """SIGKILL (a crash) or SIGSTOP (a hang) of a random rank, timed from the signal."""
     result = KindResult()
 
     async def inject(job: dict[str, Any]) -> tuple[float, int]:
         rank = random.randrange(4)
         started = time.time()
-        os.kill(_pid(job, rank), signal.SIGKILL)
+        os.kill(_pid(job, rank), sig)
         return started, rank
 
     for _ in range(trials):
-        await _trial(cluster, job_id, result, inject, {"kind": "crash"})
-    return result
-
-
-async def hang_trials(cluster: BenchCluster, job_id: str, trials: int) -> KindResult:
-    result = KindResult()
-
-    async def inject(job: dict[str, Any]) -> tuple[float, int]:
-        rank = random.randrange(4)
-        started = time.time()
-        os.kill(_pid(job, rank), signal.SIGSTOP)
-        return started, rank
-
-    for _ in range(trials):
-        await _trial(cluster, job_id, result, inject, {"kind": "hang", "category": "task_hang"})
+        await _trial(cluster, job_id, result, inject, expect)
     return result
 
 
@@ -212,9 +201,13 @@ async def main(trials: int, healthy_steps: int) -> dict[str, Any]:
     results: dict[str, KindResult] = {}
     async with bench_cluster() as cluster:
         job_id = await cluster.submit(**JOB)
-        results["crash"] = await crash_trials(cluster, job_id, trials)
+        results["crash"] = await signal_trials(
+            cluster, job_id, trials, signal.SIGKILL, {"kind": "crash"}
+        )
         results["exception"] = await exception_trials(cluster, job_id, trials)
-        results["hang"] = await hang_trials(cluster, job_id, trials)
+        results["hang"] = await signal_trials(
+            cluster, job_id, trials, signal.SIGSTOP, {"kind": "hang", "category": "task_hang"}
+        )
         results["node_loss"] = await node_loss_trials(cluster, job_id, trials)
         results["straggler"] = await straggler_trials(cluster, job_id, trials)
         alarms, iteration_s = await false_alarms(cluster, job_id, healthy_steps)

@@ -6,22 +6,17 @@ which step the group resumed from, so the benchmark can count the steps that wer
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from bench.torchrun_job import mark
 from shared.models import JobSpec, ModelConfig
 from trainer import checkpoint
 from trainer.model import build_model
 from trainer.parallel import make_optimizer, train_step
-
-
-def _mark(path: str, **fields: object) -> None:
-    with open(path, "a") as out:
-        out.write(json.dumps(fields) + "\n")
 
 
 def main() -> None:
@@ -49,12 +44,12 @@ def main() -> None:
         checkpoint.restore(model, optimizer, received[1])
         start = int(received[0])
     pid = os.getpid()
-    _mark(markers, event="start", rank=rank, pid=pid, restart=restart, resumed=start, t=time.time())
+    mark(markers, event="start", rank=rank, pid=pid, restart=restart, resumed=start, t=time.time())
     for step in range(start + 1, spec.steps + 1):
         train_step(model, optimizer, spec, step, rank, world, dist.group.WORLD)
         if rank == 0 and step % every == 0:
             checkpoint.save(ckpt_dir, step, checkpoint.capture(model, optimizer, step))
-        _mark(
+        mark(
             markers, event="step", rank=rank, pid=pid, restart=restart, step=step, resumed=start,
             t=time.time(),
         )  # fmt: skip

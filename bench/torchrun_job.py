@@ -18,7 +18,7 @@ from trainer.model import build_model
 from trainer.parallel import make_optimizer, train_step
 
 
-def _mark(path: str, **fields: object) -> None:
+def mark(path: str, **fields: object) -> None:
     with open(path, "a") as out:
         out.write(json.dumps(fields) + "\n")
 
@@ -38,10 +38,10 @@ def main() -> None:
     )
     model = build_model(spec.model, spec.seed, torch.device("cpu"))
     optimizer = make_optimizer(model)
-    _mark(markers, event="start", rank=rank, pid=os.getpid(), restart=restart, t=time.time())
+    mark(markers, event="start", rank=rank, pid=os.getpid(), restart=restart, t=time.time())
     for step in range(1, spec.steps + 1):
         train_step(model, optimizer, spec, step, rank, world, dist.group.WORLD)
-        _mark(
+        mark(
             markers,
             event="step",
             rank=rank,
