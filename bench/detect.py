@@ -134,15 +134,13 @@ async def node_loss_trials(cluster: BenchCluster, job_id: str, trials: int) -> K
         child.process.kill()
         return started, None
 
-    for _ in range(trials):
-        await _trial(
-            cluster,
-            job_id,
-            result,
-            inject,
-            {"kind": "node_lost", "node_id": "node-1", "severity": "SEV1"},
-            world_after=2,
-        )
+    expect = {"kind": "node_lost", "node_id": "node-1", "severity": "SEV1"}
+    for index in range(trials):
+        try:
+            await _trial(cluster, job_id, result, inject, expect, world_after=2)
+        except TimeoutError:  # a miss is a result too: count it and go on
+            result.misclassified += 1
+            result.notes.append(f"trial {index}: no node_lost failure within 30 s")
         cluster.stack.restart_exited()  # the node comes back; the planner grows the job again
     return result
 
