@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-all lint bench-detect bench-overhead bench-plan up clean
+.PHONY: demo test test-slow test-all lint bench-detect bench-overhead bench-plan bench-recover up clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench-overhead: $(STAMP)
 
 bench-plan: $(STAMP)
 	$(BIN)/python bench/plan.py
+
+bench-recover: $(STAMP)
+	$(BIN)/python bench/recover.py
 
 clean:
 	rm -rf .unicron .pytest_cache .mypy_cache .ruff_cache
