@@ -137,7 +137,7 @@ def _summary(run: DemoRun, job: dict[str, Any]) -> Table:
         table.add_row(
             "recovery (kill -> next completed step)", f"{first_step - run.killed_at:.2f} s"
         )
-        table.add_row("resumed from checkpoint step", str(run.completed["resumed_step"]))
+        table.add_row("resumed at step", str(run.completed["resumed_step"]))
     table.add_row("wall time", f"{time.time() - run.started:.1f} s")
     return table
 
