@@ -43,21 +43,26 @@ class Rendezvous(_Message):
     prefix: str
 
 
-class StartWorker(_Message):
-    """Launch one rank of one generation; idempotent on (job_id, generation, rank)."""
+class GroupSeat(_Message):
+    """One rank's seat in one generation of a job's process group, and where it meets."""
 
-    kind: Literal["start_worker"] = "start_worker"
-    command_id: str = Field(default_factory=lambda: new_id("cmd"))
     job_id: str
     generation: int
     rank: int
     world_size: int
-    spec: JobSpec
     rendezvous: Rendezvous
-    checkpoint_dir: str
     state_source_rank: int | None = Field(
-        None, description="join a running generation: take the state from this live rank"
+        None, description="take the training state from this live rank of the new group"
     )
+
+
+class StartWorker(GroupSeat):
+    """Launch one rank of one generation; idempotent on (job_id, generation, rank)."""
+
+    kind: Literal["start_worker"] = "start_worker"
+    command_id: str = Field(default_factory=lambda: new_id("cmd"))
+    spec: JobSpec
+    checkpoint_dir: str
 
 
 class StopWorkers(_Message):
@@ -71,19 +76,11 @@ class StopWorkers(_Message):
     reason: str = ""
 
 
-class RegroupDirective(_Message):
+class RegroupDirective(GroupSeat):
     """Agent → worker over the local channel: re-form the process group in place under a new
     generation (new store prefix), keeping the process and its memory (DESIGN.md §5)."""
 
     directive: Literal["regroup"] = "regroup"
-    job_id: str
-    generation: int
-    rank: int
-    world_size: int
-    rendezvous: Rendezvous
-    state_source_rank: int | None = Field(
-        None, description="rank of the new group that broadcasts the training state"
-    )
 
 
 class RegroupWorker(_Message):
@@ -98,19 +95,13 @@ class RegroupWorker(_Message):
     directive: RegroupDirective
 
 
-class WorkerLaunch(_Message):
+class WorkerLaunch(GroupSeat):
     """Everything a worker process needs, passed by its agent in ``UNICRON_WORKER_LAUNCH``."""
 
     node_id: str
-    job_id: str
-    generation: int
-    rank: int
-    world_size: int
     spec: JobSpec
-    rendezvous: Rendezvous
     checkpoint_dir: str
     agent_socket: str = Field(description="unix socket of the agent's local channel")
-    state_source_rank: int | None = None
 
 
 class FaultKind(str, Enum):
