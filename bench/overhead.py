@@ -36,9 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from shared.messages import Rendezvous, WorkerHello, WorkerLaunch
+from shared.messages import Rendezvous, WorkerLaunch
 from shared.models import JobSpec
 from shared.procs import die_with_parent, free_port
+from shared.reports import WorkerHello
 from trainer.channel import AgentChannel
 from trainer.faults import FaultInbox
 from trainer.loop import StepMonitor, Trainee, run_step

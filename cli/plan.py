@@ -20,7 +20,7 @@ from rich.text import Text
 
 from cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
 from cli.common import ApiUrl, api, console
-from shared.models import JobAllocation, JobExplanation, ParallelConfig, Plan
+from shared.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
 
 QUIET_ACTIONS = ("keep", "wait")
 

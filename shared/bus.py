@@ -23,15 +23,8 @@ from tenacity import retry, stop_after_delay, wait_exponential
 
 from shared.events import CloudEvent, EventData
 from shared.logging import get_logger
-from shared.messages import (
-    DEADLETTER_SUBJECT,
-    AnyAgentCommand,
-    AnyWorkerReport,
-    DeadLetter,
-    command_subject,
-    report_id,
-    report_subject,
-)
+from shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
+from shared.reports import AnyWorkerReport, report_id, report_subject
 
 T = TypeVar("T")
 log = get_logger(component="bus")

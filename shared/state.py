@@ -1,8 +1,9 @@
 """Cluster state in Redis: jobs, nodes, plans and idempotency guards.
 
-Records are JSON documents of the models in :mod:`shared.models`. Any service may change a
-record, always through an optimistic transaction (WATCH/MULTI) that re-reads and re-applies its
-change on conflict, so concurrent writers never lose each other's updates.
+Records are JSON documents of the models in :mod:`shared.models` and :mod:`shared.plans`. Any
+service may change a record, always through an optimistic transaction (WATCH/MULTI) that
+re-reads and re-applies its change on conflict, so concurrent writers never lose each other's
+updates.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pydantic import BaseModel
 from redis.exceptions import WatchError
 from tenacity import retry, stop_after_delay, wait_exponential
 
-from shared.models import Job, NodeRecord, Plan
+from shared.models import Job, NodeRecord
+from shared.plans import Plan
 
 M = TypeVar("M", bound=BaseModel)
 Mutation = Callable[[M], bool | None]

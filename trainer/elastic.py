@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from shared.logging import get_logger
-from shared.messages import RegroupDirective, WorkerHello, WorkerLaunch, WorkerRegrouped
+from shared.messages import RegroupDirective, WorkerLaunch
+from shared.reports import WorkerHello, WorkerRegrouped
 from trainer.channel import AgentChannel
 from trainer.faults import FaultInbox
 from trainer.handoff import (

@@ -24,7 +24,8 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from shared.messages import StepCompleted, WorkerLaunch, WorkerPhase
+from shared.messages import WorkerLaunch
+from shared.reports import StepCompleted, WorkerPhase
 from trainer import checkpoint
 from trainer.channel import AgentChannel
 from trainer.faults import FaultInbox, FaultInjector

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
 from shared.logging import get_logger
-from shared.messages import WorkerException, WorkerHello, WorkerLaunch
+from shared.messages import WorkerLaunch
+from shared.reports import WorkerException, WorkerHello
 from trainer.channel import AgentChannel, Directive
 from trainer.classify import classify, describe_chain
 from trainer.elastic import ElasticRank, ParkExpired

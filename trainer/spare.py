@@ -24,7 +24,8 @@ import time
 from pydantic import ValidationError
 
 from shared.logging import get_logger
-from shared.messages import WorkerHello, WorkerLaunch
+from shared.messages import WorkerLaunch
+from shared.reports import WorkerHello
 
 log = get_logger(component="trainer.spare")
 

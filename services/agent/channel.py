@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from services.agent.outbox import Report, Sink
 from services.agent.supervisor import WorkerKey
 from shared.logging import get_logger
-from shared.messages import (
+from shared.reports import (
     WORKER_REPORT,
     WorkerExited,
     WorkerHello,

@@ -28,7 +28,7 @@ from services.agent.outbox import Report, Sink
 from services.agent.settings import AgentSettings
 from services.agent.supervisor import Worker, WorkerKey
 from shared.logging import get_logger
-from shared.messages import StepCompleted, WorkerHung, WorkerPhase
+from shared.reports import StepCompleted, WorkerHung, WorkerPhase
 
 log = get_logger(component="hang")
 Clock = Callable[[], float]

@@ -18,10 +18,7 @@ from typing import Protocol
 from shared.bus import Bus
 from shared.events import EventData
 from shared.logging import get_logger
-from shared.messages import (
-    AnyWorkerReport,
-    StepCompleted,
-)
+from shared.reports import AnyWorkerReport, StepCompleted
 
 Report = AnyWorkerReport
 log = get_logger(component="outbox")

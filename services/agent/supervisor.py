@@ -24,8 +24,9 @@ from services.agent.gpus import SlotPool
 from services.agent.outbox import Sink
 from services.agent.registry import EntrypointRegistry, UnknownTrainerError
 from shared.logging import get_logger
-from shared.messages import StartWorker, StopWorkers, WorkerExited, WorkerLaunch, WorkerStarted
+from shared.messages import StartWorker, StopWorkers, WorkerLaunch
 from shared.procs import die_with_parent
+from shared.reports import WorkerExited, WorkerStarted
 
 if TYPE_CHECKING:
     from services.agent.spares import SparePool

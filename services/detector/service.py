@@ -19,7 +19,8 @@ from services.detector.signals import Candidate, from_exception, from_exit, from
 from services.detector.stragglers import StragglerWatch
 from shared.bus import Bus
 from shared.logging import get_logger
-from shared.messages import (
+from shared.models import JobState, WorkerState
+from shared.reports import (
     REPORT_SUBJECT_PREFIX,
     WORKER_REPORT,
     AnyWorkerReport,
@@ -28,7 +29,6 @@ from shared.messages import (
     WorkerExited,
     WorkerHung,
 )
-from shared.models import JobState, WorkerState
 from shared.state import StateStore
 from shared.taxonomy import FailureCategory, FailureKind
 

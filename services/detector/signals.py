@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.messages import WorkerException, WorkerExited, WorkerHung
+from shared.reports import WorkerException, WorkerExited, WorkerHung
 from shared.taxonomy import FailureCategory, FailureKind
 
 # Categories that survivors of a peer's death report; never preferred over a real cause.

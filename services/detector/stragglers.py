@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from services.detector.settings import DetectorSettings
 from services.detector.signals import Candidate
-from shared.messages import StepCompleted
+from shared.reports import StepCompleted
 from shared.taxonomy import FailureCategory, FailureKind
 
 _Key = tuple[str, int]

@@ -15,14 +15,14 @@ from collections.abc import Awaitable, Callable
 from shared.bus import Bus
 from shared.events import JobStateChanged, TransitionCompleted
 from shared.logging import get_logger
-from shared.messages import (
+from shared.models import FailureRecord, Job, JobState, PlanAction, WorkerState
+from shared.reports import (
     AnyWorkerReport,
     StepCompleted,
     WorkerExited,
     WorkerRegrouped,
     WorkerStarted,
 )
-from shared.models import FailureRecord, Job, JobState, PlanAction, WorkerState
 from shared.state import StateStore
 
 Report = AnyWorkerReport

@@ -17,8 +17,8 @@ from services.executor.transitions import TransitionRunner
 from shared.bus import Bus, parse_event
 from shared.events import CloudEvent, FailureDetected, PlanCreated
 from shared.logging import get_logger
-from shared.messages import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from shared.models import JobState, WorkerState, now
+from shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from shared.state import StateStore
 
 log = get_logger()

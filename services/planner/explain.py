@@ -16,7 +16,7 @@ import numpy as np
 from services.planner import dp
 from services.planner.api import KINDS, SOURCES, Curve, FloatArray, IntArray
 from services.planner.objective import JobTerms
-from shared.models import Alternative, JobExplanation, ParallelConfig
+from shared.plans import Alternative, JobExplanation, ParallelConfig
 
 SHOWN = 3  # alternatives kept per job, best first
 

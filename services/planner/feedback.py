@@ -19,8 +19,8 @@ from services.planner.spec import ModelShape
 from services.planner.throughput import MegatronThroughput
 from shared.events import FailureDetected, TransitionCompleted
 from shared.logging import get_logger
-from shared.messages import StepCompleted
 from shared.models import Job, now
+from shared.reports import StepCompleted
 from shared.state import StateStore
 
 log = get_logger(component="planner.feedback")

@@ -29,16 +29,8 @@ from services.planner.explain import alternative_sets, explain
 from services.planner.objective import all_terms, keep_units, stack
 from services.planner.placement import PlacementRequest, place
 from services.planner.spec import ModelShape
-from shared.models import (
-    FailureRecord,
-    Job,
-    JobAllocation,
-    JobState,
-    NodeRecord,
-    Plan,
-    PlanAction,
-    WorkerState,
-)
+from shared.models import FailureRecord, Job, JobState, NodeRecord, PlanAction, WorkerState
+from shared.plans import JobAllocation, Plan
 
 # A rank holds its slot until it is stopped or done: a crashed process's slot is where its
 # replacement restarts, so FAILED counts (its node must still be usable).

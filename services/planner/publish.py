@@ -12,7 +12,7 @@ from services.planner.planning import QUIET
 from shared.bus import Bus
 from shared.events import PlanCreated, PlannedJob
 from shared.logging import get_logger
-from shared.models import Plan
+from shared.plans import Plan
 
 log = get_logger(component="planner")
 

@@ -15,20 +15,22 @@ import pytest
 from shared.bus import Bus
 from shared.events import NodeJoined
 from shared.messages import (
-    WORKER_REPORT,
     DeadLetter,
     FaultDirective,
     FaultKind,
     FaultSpec,
     InjectFault,
+    command_subject,
+)
+from shared.models import NodeRecord, NodeState, now
+from shared.reports import (
+    WORKER_REPORT,
     StepCompleted,
     WorkerExited,
     WorkerHung,
     WorkerPhase,
     WorkerStarted,
-    command_subject,
 )
-from shared.models import NodeRecord, NodeState, now
 from shared.state import StateStore
 from tests.agent.conftest import NODE, inbox, node_record, start_cmd, until
 

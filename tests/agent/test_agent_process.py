@@ -22,18 +22,10 @@ from services.agent.settings import AgentSettings
 from shared.bus import Bus
 from shared.embedded import EmbeddedServer, start_nats, start_redis
 from shared.events import NodeJoined
-from shared.messages import (
-    WORKER_REPORT,
-    DeadLetter,
-    StepCompleted,
-    StopWorkers,
-    WorkerExited,
-    WorkerLaunch,
-    WorkerStarted,
-    command_subject,
-)
+from shared.messages import DeadLetter, StopWorkers, WorkerLaunch, command_subject
 from shared.models import NodeRecord, NodeState
 from shared.procs import port_open
+from shared.reports import WORKER_REPORT, StepCompleted, WorkerExited, WorkerStarted
 from shared.state import StateStore
 from tests.agent.conftest import NODE, inbox, node_record, start_cmd, until
 

@@ -10,7 +10,7 @@ import pytest
 
 from services.agent.channel import WorkerChannel
 from services.agent.supervisor import Supervisor, WorkerKey
-from shared.messages import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
+from shared.reports import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
 from tests.agent.conftest import RecordingSink, start_cmd, until
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -19,16 +19,9 @@ from services.agent.settings import AgentSettings
 from services.agent.store import RendezvousStore
 from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
 from shared.bus import Bus
-from shared.messages import (
-    AGENT_COMMAND,
-    FaultDirective,
-    FaultKind,
-    FaultSpec,
-    InjectFault,
-    WorkerExited,
-    WorkerStarted,
-)
+from shared.messages import AGENT_COMMAND, FaultDirective, FaultKind, FaultSpec, InjectFault
 from shared.models import NodeRecord, NodeState, now
+from shared.reports import WorkerExited, WorkerStarted
 from shared.state import StateStore
 from tests.agent.conftest import NODE, RecordingSink, start_cmd, until
 

@@ -17,7 +17,7 @@ import pytest
 from services.agent.hang import HangWatch, process_state
 from services.agent.settings import AgentSettings
 from services.agent.supervisor import Supervisor, Worker, WorkerKey
-from shared.messages import StepCompleted, WorkerHung, WorkerPhase
+from shared.reports import StepCompleted, WorkerHung, WorkerPhase
 from tests.agent.conftest import RecordingSink, start_cmd
 
 KEY = WorkerKey("job-a", 1, 0)

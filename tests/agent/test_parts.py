@@ -15,8 +15,8 @@ from services.agent import registry
 from services.agent.outbox import Outbox, Report
 from services.agent.settings import AgentSettings, default_node_id
 from services.agent.store import RendezvousStore
-from shared.messages import StepCompleted, WorkerExited
 from shared.procs import port_open
+from shared.reports import StepCompleted, WorkerExited
 from tests.agent.conftest import until
 
 

@@ -27,14 +27,11 @@ from shared.messages import (
     RegroupDirective,
     RegroupWorker,
     Rendezvous,
-    StepCompleted,
     StopWorkers,
-    WorkerExited,
     WorkerLaunch,
-    WorkerRegrouped,
-    WorkerStarted,
     command_subject,
 )
+from shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
 from shared.state import StateStore
 from tests.agent.conftest import FAKE_WORKER, NODE, RecordingSink, inbox, start_cmd, until
 

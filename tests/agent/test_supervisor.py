@@ -12,7 +12,8 @@ import pytest
 
 from services.agent.outbox import Report
 from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from shared.messages import StepCompleted, StopWorkers, WorkerExited, WorkerLaunch, WorkerStarted
+from shared.messages import StopWorkers, WorkerLaunch
+from shared.reports import StepCompleted, WorkerExited, WorkerStarted
 from tests.agent.conftest import RecordingSink, start_cmd
 
 

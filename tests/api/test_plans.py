@@ -14,7 +14,8 @@ from services.api.routes import plans
 from services.api.settings import ApiSettings
 from services.planner.planning import plan_cluster, snapshot
 from services.planner.settings import PlannerSettings
-from shared.models import Job, JobAllocation, JobSpec, NodeRecord, Plan, PlanAction, now
+from shared.models import Job, JobSpec, NodeRecord, PlanAction, now
+from shared.plans import JobAllocation, Plan
 from shared.state import StateStore
 from tests.api import live
 from tests.api.factories import ADMIN, TOKENS, USER_A, bearer

@@ -24,11 +24,11 @@ from shared.models import (
     JobState,
     ModelConfig,
     NodeRecord,
-    Plan,
     WorkerRecord,
     WorkerState,
     now,
 )
+from shared.plans import Plan
 from shared.state import StateStore
 from tests.api import live
 

@@ -6,8 +6,8 @@ import asyncio
 
 from shared.bus import Bus
 from shared.events import CloudEvent
-from shared.messages import WorkerException, WorkerExited, WorkerHung
 from shared.models import NodeState
+from shared.reports import WorkerException, WorkerExited, WorkerHung
 from shared.state import StateStore
 from tests.detector.conftest import Cluster, next_event, no_event
 

@@ -7,8 +7,8 @@ import random
 
 from shared.bus import Bus
 from shared.events import CloudEvent
-from shared.messages import StepCompleted, WorkerExited
 from shared.models import FailureRecord, NodeState, now
+from shared.reports import StepCompleted, WorkerExited
 from shared.state import StateStore
 from tests.detector.conftest import Cluster, next_event, no_event
 from tests.detector.test_correlation import reset_by_peer

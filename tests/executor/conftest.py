@@ -15,26 +15,20 @@ from services.executor.service import Executor
 from services.executor.settings import ExecutorSettings
 from shared.bus import Bus, parse_event
 from shared.events import CloudEvent, EventData
-from shared.messages import (
-    AGENT_COMMAND,
-    REPORT_SUBJECT_PREFIX,
-    WORKER_REPORT,
-    AnyAgentCommand,
-    command_subject,
-)
+from shared.messages import AGENT_COMMAND, AnyAgentCommand, command_subject
 from shared.models import (
     FailureRecord,
     Job,
-    JobAllocation,
     JobSpec,
     JobState,
     ModelConfig,
     NodeRecord,
-    Plan,
     PlanAction,
     WorkerRecord,
     WorkerState,
 )
+from shared.plans import JobAllocation, Plan
+from shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from shared.state import StateStore
 from tests.agent.conftest import agent, joined  # noqa: F401  (fixtures: a real agent process)
 

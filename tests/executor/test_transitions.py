@@ -9,16 +9,9 @@ from __future__ import annotations
 from services.executor.service import Executor
 from shared.bus import Bus
 from shared.events import TransitionCompleted, TransitionStarted
-from shared.messages import (
-    RegroupWorker,
-    StartWorker,
-    StepCompleted,
-    StopWorkers,
-    WorkerExited,
-    WorkerRegrouped,
-    WorkerStarted,
-)
+from shared.messages import RegroupWorker, StartWorker, StopWorkers
 from shared.models import JobState, NodeState, PlanAction, WorkerState
+from shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
 from shared.state import StateStore
 from tests.executor.conftest import PORTS, Events, FakeAgent, apply, fail, running_job
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from shared.bus import Bus
 from shared.events import JobSubmitted, PlanCreated
 from shared.lease import PLANNER_LEASE, current_epoch
-from shared.models import Job, JobSpec, Plan, PlanAction
+from shared.models import Job, JobSpec, PlanAction
+from shared.plans import Plan
 from shared.state import StateStore
 
 WAIT_S = 15.0

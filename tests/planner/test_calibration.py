@@ -10,17 +10,9 @@ from services.planner.clusters import CPU
 from services.planner.feedback import Feedback, demand_of
 from services.planner.throughput import MegatronThroughput
 from shared.events import FailureDetected, TransitionCompleted
-from shared.messages import StepCompleted
-from shared.models import (
-    Job,
-    JobAllocation,
-    JobExplanation,
-    JobSpec,
-    JobState,
-    Plan,
-    PlanAction,
-    now,
-)
+from shared.models import Job, JobSpec, JobState, PlanAction, now
+from shared.plans import JobAllocation, JobExplanation, Plan
+from shared.reports import StepCompleted
 from shared.state import StateStore
 from shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 

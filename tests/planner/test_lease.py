@@ -9,7 +9,8 @@ from services.executor.settings import ExecutorSettings
 from services.executor.transitions import TransitionRunner
 from shared.bus import Bus
 from shared.lease import PLANNER_LEASE, Lease, LeaseState, current_epoch
-from shared.models import Job, JobAllocation, JobSpec, JobState, NodeRecord, Plan, PlanAction
+from shared.models import Job, JobSpec, JobState, NodeRecord, PlanAction
+from shared.plans import JobAllocation, Plan
 from shared.state import StateStore
 
 TTL_S = 0.5

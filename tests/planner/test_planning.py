@@ -9,16 +9,15 @@ from services.planner.throughput import LinearThroughput
 from shared.models import (
     FailureRecord,
     Job,
-    JobAllocation,
     JobSpec,
     JobState,
     NodeRecord,
     NodeState,
-    Plan,
     PlanAction,
     WorkerRecord,
     WorkerState,
 )
+from shared.plans import JobAllocation, Plan
 
 NOW = 10_000.0
 TIMEOUT = 3.0

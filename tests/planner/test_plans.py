@@ -18,17 +18,16 @@ from services.planner.planning import (
 from services.planner.settings import PlannerSettings
 from shared.models import (
     Job,
-    JobAllocation,
     JobSpec,
     JobState,
     ModelConfig,
     NodeRecord,
     NodeState,
-    Plan,
     PlanAction,
     WorkerRecord,
     WorkerState,
 )
+from shared.plans import JobAllocation, Plan
 
 NOW = 10_000.0
 CPU = PlannerSettings().objective()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.messages import WORKER_REPORT, StepCompleted
+from shared.reports import WORKER_REPORT, StepCompleted
 from tests.trainer.harness import AgentStandIn
 from trainer.channel import AgentChannel, Directive
 

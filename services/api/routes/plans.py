@@ -2,7 +2,7 @@
 
 A plan lists, per job, the old and new allocation and parallel configuration, the predicted
 throughput, WAF and downtime, and the best alternatives that lost with their expected reward
-(see ``shared.models.JobExplanation``). Plans are kept in Redis for a week. A user token sees
+(see ``shared.plans.JobExplanation``). Plans are kept in Redis for a week. A user token sees
 only its tenant's jobs in a plan (the cluster-wide figures stay); an admin sees every job.
 """
 
@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, status
 
 from services.api.access import Caller, Principal, may_see
 from services.api.deps import StateDep
-from shared.models import Plan
+from shared.plans import Plan
 from shared.state import StateStore
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
