@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from shared.calibration import CalibrationRecord
 from shared.events import CloudEvent
 from shared.models import Job, NodeRecord
 
@@ -134,6 +135,9 @@ class ApiClient:
         response = self._request("POST", f"/v1/jobs/{job_id}/faults", json=fault)
         accepted: dict[str, Any] = response.json()
         return accepted
+
+    def calibration(self) -> CalibrationRecord:
+        return CalibrationRecord.model_validate(self._request("GET", "/v1/calibration").json())
 
     def nodes(self) -> list[NodeRecord]:
         return [NodeRecord.model_validate(n) for n in self._request("GET", "/v1/nodes").json()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from cli.calibration import calibration
 from cli.cluster import events, nodes
 from cli.common import global_options
 from cli.demo import demo
@@ -32,6 +33,7 @@ app.command()(nodes)
 app.command()(events)
 app.command()(fault)
 app.command()(plan)
+app.command()(calibration)
 app.command()(simulate)
 
 

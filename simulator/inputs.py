@@ -16,8 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from services.planner.api import Calibration
+from services.planner.calibration import calibration_of
 from services.planner.clusters import CLUSTERS
 from services.planner.spec import ClusterSpec
+from shared.calibration import CalibrationRecord
 
 
 class InputError(ValueError):
@@ -180,36 +185,22 @@ def _job(item: Any, cluster: ClusterConfig, index: int) -> JobConfig:
     return JobConfig(name=name, length_s=None if length < 0 else length, **values)
 
 
-def load_calibration(path: Path) -> tuple[dict[str, float], float | None]:
-    """``{"transition_factors": {"restart": 1.4, ...}, "failure_rate_per_gpu_h": 2e-5}``: what
-    the planner's calibration store holds (measured / modelled downtime per transition kind),
-    so the simulator prices transitions with the same calibrated numbers the planner uses."""
-    from services.planner.api import TransitionKind
-
+def load_calibration(path: Path) -> Calibration:
+    """The planner's calibration as ``GET /v1/calibration`` / ``unicron calibration`` export it
+    (:class:`shared.calibration.CalibrationRecord`; a hand-written file may set only
+    ``transition_factors`` and ``failure_rate_per_gpu_h``), so the simulator prices transitions
+    with the same calibrated numbers the planner uses."""
     text, raw = _read(path)
-    if not isinstance(raw, dict):
-        raise InputError(path, 1, "expected an object with transition_factors")
-    factors = raw.get("transition_factors", {})
-    if not isinstance(factors, dict):
-        raise InputError(
-            path,
-            _line(text, 0, len(text), "transition_factors"),
-            "transition_factors: expected an object {kind: factor}",
-        )
-    known = {k.value for k in TransitionKind}
-    for kind, value in factors.items():
-        if kind not in known or isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(
-                path,
-                _line(text, 0, len(text), kind),
-                f"transition_factors.{kind}: expected one of {sorted(known)} "
-                "with a positive number",
-            )
-    rate = raw.get("failure_rate_per_gpu_h")
-    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
-        raise InputError(
-            path,
-            _line(text, 0, len(text), "failure_rate_per_gpu_h"),
-            "failure_rate_per_gpu_h: expected a number",
-        )
-    return {str(k): float(v) for k, v in factors.items()}, None if rate is None else float(rate)
+    try:
+        record = CalibrationRecord.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        field = str(error["loc"][-1]) if error["loc"] else None
+        line = _line(text, 0, len(text), field)
+        raise InputError(path, line, f"{where or 'calibration'}: {error['msg']}") from exc
+    try:
+        return calibration_of(record)
+    except ValueError as exc:
+        field = str(exc).split(":", 1)[0].rsplit(".", 1)[-1]
+        raise InputError(path, _line(text, 0, len(text), field), str(exc)) from exc

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from services.api.access import authenticate
 from services.api.metrics import ApiMetrics, MetricsMiddleware
-from services.api.routes import events, faults, health, jobs, nodes, plans
+from services.api.routes import calibration, events, faults, health, jobs, nodes, plans
 from services.api.settings import ApiSettings
 from shared.bus import Bus
 from shared.logging import get_logger
@@ -27,7 +27,7 @@ log = get_logger(component="api")
 CLOSE_TIMEOUT_S = 5.0
 # Every /v1 router: each of its calls needs a token once tokens are configured. Mount a new
 # /v1 resource here, never with include_router on its own (a test checks every /v1 route).
-V1_ROUTERS = (jobs, faults, nodes, plans, events)
+V1_ROUTERS = (jobs, faults, nodes, plans, calibration, events)
 
 
 def _lifespan(settings: ApiSettings) -> Any:

@@ -13,7 +13,9 @@ Three estimates, each updated from what the cluster reports and read back as one
 
 Values are rounded to two significant digits when read, so noise in the last digits does not
 make every reconcile pass a new planning problem. Only the active planner writes (it holds the
-lease), so the read-modify-write updates need no transaction.
+lease), so the read-modify-write updates need no transaction. Each planning pass also stores
+what it read as a :class:`~shared.calibration.CalibrationRecord`, the form the API exports and
+the simulator imports (:func:`record_of`, :func:`calibration_of`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,39 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from services.planner.api import Calibration, TransitionKind
+from shared.calibration import CALIBRATION_KEY, CalibrationRecord
+from shared.models import now
 
 CLAMP = (0.05, 20.0)  # a factor outside this is a broken measurement, not a slow cluster
+
+
+def record_of(
+    calibration: Calibration, samples: dict[str, int] | None = None, at: float | None = None
+) -> CalibrationRecord:
+    return CalibrationRecord(
+        transition_factors={kind.value: f for kind, f in calibration.transition_factors},
+        transition_samples=samples or {},
+        job_slowdown=dict(calibration.job_slowdown),
+        failure_rate_per_gpu_h=calibration.failure_rate_per_gpu_h,
+        at=at,
+    )
+
+
+def calibration_of(record: CalibrationRecord) -> Calibration:
+    """The models' form of an exported record; ValueError names a kind the planner lacks."""
+    known = TransitionKind._value2member_map_
+    unknown = sorted(set(record.transition_factors) - set(known))
+    if unknown:
+        raise ValueError(
+            f"transition_factors.{unknown[0]}: not a transition kind; known: {', '.join(known)}"
+        )
+    return Calibration(
+        job_slowdown=tuple(sorted(record.job_slowdown.items())),
+        transition_factors=tuple(
+            sorted((TransitionKind(k), v) for k, v in record.transition_factors.items())
+        ),
+        failure_rate_per_gpu_h=record.failure_rate_per_gpu_h,
+    )
 
 
 def ewma(old: float | None, sample: float, alpha: float) -> float:
@@ -136,3 +169,12 @@ class CalibrationStore:
         counts = await self._counts()
         rate = self.rate(counts.get("failures", 0.0), counts.get("gpu_h", 0.0))
         return Calibration(tuple(slowdown), tuple(factors), two_digits(rate))
+
+    async def snapshot(self) -> Calibration:
+        """:meth:`load`, also stored as the record the API exports (planning passes call this)."""
+        calibration = await self.load()
+        kinds = await self.redis.hgetall(self.kinds_key)
+        samples = {str(k): int(json.loads(v).get("samples", 0)) for k, v in kinds.items()}
+        record = record_of(calibration, samples, at=now())
+        await self.redis.set(CALIBRATION_KEY, record.model_dump_json())
+        return calibration

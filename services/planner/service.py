@@ -41,8 +41,9 @@ from shared.events import (
 )
 from shared.lease import PLANNER_LEASE, Lease
 from shared.logging import get_logger
-from shared.messages import REPORT_SUBJECT_PREFIX, WORKER_REPORT
-from shared.models import Plan, now
+from shared.models import now
+from shared.plans import Plan
+from shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from shared.service import ServiceBody
 from shared.state import StateStore
 
@@ -171,7 +172,7 @@ class Planner:
 
     async def inputs(self) -> ClusterInputs:
         nodes, jobs, calibration = await asyncio.gather(
-            self.state.list_nodes(), self.state.list_jobs(), self.calibration.load()
+            self.state.list_nodes(), self.state.list_jobs(), self.calibration.snapshot()
         )
         if self.settings.planner_run_s is not None:  # a fixed D_run overrides the estimate
             calibration = replace(calibration, failure_rate_per_gpu_h=None)

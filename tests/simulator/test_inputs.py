@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.inputs import ClusterConfig, InputError, load_cluster, load_jobs
+from services.planner.api import TransitionKind
+from simulator.inputs import ClusterConfig, InputError, load_calibration, load_cluster, load_jobs
 from simulator.trace import load_trace
 from tests.simulator.conftest import write
 
@@ -69,3 +70,22 @@ def test_good_trace_sorted_with_names(tmp_path: Path) -> None:
         (10.0, 1, "ecc"),
         (50.0, 2, "task_hang"),
     ]
+
+
+def test_calibration_file_errors_name_line_and_field(tmp_path: Path) -> None:
+    unknown_kind = '{\n "transition_factors": {\n  "restart": 1.2,\n  "teleport": 2\n }\n}'
+    with pytest.raises(InputError, match=r"k\.json:4: transition_factors\.teleport: not a"):
+        load_calibration(write(tmp_path / "k.json", unknown_kind))
+    negative = '{\n "transition_factors": {"restart": -1}\n}'
+    with pytest.raises(InputError, match=r"n\.json:2: transition_factors\.restart: .*greater"):
+        load_calibration(write(tmp_path / "n.json", negative))
+    typo = '{\n "transition_factors": {},\n "failure_rate": 1e-3\n}'
+    with pytest.raises(InputError, match=r"t\.json:3: failure_rate: Extra inputs"):
+        load_calibration(write(tmp_path / "t.json", typo))
+
+
+def test_a_hand_written_calibration_needs_only_what_it_sets(tmp_path: Path) -> None:
+    text = '{"transition_factors": {"restart": 1.3}, "failure_rate_per_gpu_h": 2e-5}'
+    calibration = load_calibration(write(tmp_path / "c.json", text))
+    assert calibration.transition_factors == ((TransitionKind.RESTART, 1.3),)
+    assert calibration.failure_rate_per_gpu_h == 2e-5

@@ -1,0 +1,34 @@
+"""Calibration: what the planner has measured so far, in the form the simulator reads.
+
+``GET /v1/calibration`` returns the snapshot the active planner stored at its last planning
+pass (:class:`shared.calibration.CalibrationRecord`): per transition kind the measured over
+modelled downtime, per job the observed over modelled step time, and the failure rate. Save
+it and pass it to ``unicron simulate --calibration FILE`` to price simulated transitions with
+the same numbers. A user token sees only its tenant's jobs' slowdowns; an admin sees all.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+
+from services.api.access import Principal, may_see
+from services.api.deps import StateDep
+from shared.calibration import CALIBRATION_KEY, CalibrationRecord
+
+router = APIRouter(prefix="/v1/calibration", tags=["calibration"])
+
+
+@router.get("", response_model=CalibrationRecord)
+async def get_calibration(state: StateDep, caller: Principal) -> CalibrationRecord:
+    raw = await state.redis.get(CALIBRATION_KEY)
+    if raw is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            "no calibration yet: the planner stores one at its first planning pass",
+        )
+    record = CalibrationRecord.model_validate_json(raw)
+    if caller.admin:
+        return record
+    visible = {job.id for job in await state.list_jobs() if may_see(caller, job)}
+    mine = {j: s for j, s in record.job_slowdown.items() if j in visible}
+    return record.model_copy(update={"job_slowdown": mine})
