@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-all lint bench-detect bench-overhead bench-plan bench-recover up clean
+.PHONY: demo test test-slow test-all lint bench-detect bench-overhead bench-plan bench-recover bench-simulate up clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared services trainer cli
+	$(BIN)/mypy shared services trainer cli bench simulator
 
 bench-detect: $(STAMP)
 	$(BIN)/python bench/detect.py
@@ -44,6 +44,9 @@ bench-plan: $(STAMP)
 
 bench-recover: $(STAMP)
 	$(BIN)/python bench/recover.py
+
+bench-simulate: $(STAMP)
+	$(BIN)/python bench/simulate.py
 
 clean:
 	rm -rf .unicron .pytest_cache .mypy_cache .ruff_cache

@@ -20,13 +20,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.planner.api import Calibration, TransitionKind
 from services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
-from simulator.inputs import InputError, load_calibration, load_cluster, load_jobs
+from simulator.inputs import InputError
 from simulator.plots import plot_gpus, plot_waf
 from simulator.policies import NAMES
-from simulator.runner import Scenario, run_all
-from simulator.trace import generate_trace, load_trace, write_trace
+from simulator.runner import run_all
+from simulator.scenario import Options, build_scenario
+from simulator.trace import write_trace
 
 EXIT_REFUSED = 2
 FileArg = Annotated[Path, typer.Option(exists=False, dir_okay=False, show_default=False)]
@@ -95,33 +95,20 @@ def simulate(
     if any(n not in NAMES for n in names):
         _refuse(f"unknown policy {policy!r}; known: {', '.join(NAMES)}, all")
     try:
-        config = load_cluster(cluster)
-        job_list = load_jobs(jobs, config)
-        failures = (
-            load_trace(trace, config.nodes)
-            if trace
-            else generate_trace(config.nodes, config.gpus_per_node, rate, days, seed, repair_hours)
+        scenario = build_scenario(
+            cluster,
+            jobs,
+            days,
+            trace,
+            rate,
+            seed,
+            repair_hours,
+            calibration,
+            Options(sample_minutes, measured_plan_time, baseline_allocation),
         )
-        factors, known_rate = load_calibration(calibration) if calibration else ({}, None)
     except InputError as exc:
         _refuse(str(exc))
-    if known_rate is None:  # D_run from the trace itself
-        hours = days * 24 * config.gpus
-        known_rate = rate if generate else max(len(failures), 1) / hours
-    calib = Calibration(
-        transition_factors=tuple(sorted((TransitionKind(k), v) for k, v in factors.items())),
-        failure_rate_per_gpu_h=known_rate,
-    )
-    scenario = Scenario(
-        config,
-        job_list,
-        failures,
-        days * 86400.0,
-        sample_minutes * 60.0,
-        calib,
-        measured_plan_time,
-        baseline_allocation,
-    )
+    config, failures = scenario.cluster, scenario.trace
     out.mkdir(parents=True, exist_ok=True)
     if generate:
         write_trace(out / "trace.csv", failures)
