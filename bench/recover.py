@@ -7,8 +7,10 @@ job grows back). For each: fault → next completed step (the kill time against 
 generation's first step, ``failure.observed_at + transition.completed.downtime_s``), steps lost
 (the step done before the fault minus the step the job resumed from) and the state source; the
 phases of ``transition.completed``. The same crash runs under ``torchrun --max-restarts=3``
-with a checkpoint every 10 steps (:mod:`bench.torchrun_ckpt_job`) in the same run. Prints a
-table, then one JSON line.
+with a checkpoint every 10 steps (:mod:`bench.torchrun_recover`) in the same run. Prints a
+table, then one JSON line, which also holds what the planner calibrated from these trials
+(``GET /v1/calibration``): ``python -m simulator.calibrate --recover-json`` compares the
+simulator's crash downtime with the measured one, with and without it.
 
     python bench/recover.py [--trials 10]
 """
@@ -21,18 +23,15 @@ import json
 import os
 import random
 import signal
-import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from bench.harness import BenchCluster, bench_cluster, median, percentile
-from bench.torchrun_baseline import TorchrunJob
+from bench.torchrun_recover import torchrun_crashes
+from bench.trials import Series, Trial, progress
 
 JOB = {
     "name": "recover-bench", "steps": 10_000_000, "min_workers": 2, "max_workers": 4,
@@ -40,26 +39,6 @@ JOB = {
     "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 32, "vocab": 64},
 }  # fmt: skip
 PHASES = ("detect", "plan", "regroup", "state_transfer", "first_step")
-
-
-@dataclass
-class Trial:
-    recover_s: float
-    lost_steps: int
-    source: str
-    kind: str
-    phases: dict[str, float] = field(default_factory=dict)
-    fallback: str | None = None
-
-
-@dataclass
-class Series:
-    name: str
-    trials: list[Trial] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def recover(self) -> list[float]:
-        return [t.recover_s for t in self.trials]
 
 
 async def _completed(
@@ -113,13 +92,6 @@ async def spares_ready(cluster: BenchCluster, timeout_s: float = 60.0) -> bool:
     return False
 
 
-def _progress(series: Series) -> None:
-    t = series.trials[-1]
-    print(f"{series.name} #{len(series.trials)}: {t.recover_s:.3f} s, lost {t.lost_steps}, "
-          f"fallback {t.fallback}, "
-          f"{t.kind}/{t.source} {t.phases}", file=sys.stderr, flush=True)  # fmt: skip
-
-
 def _pid(job: dict[str, Any], rank: int) -> int:
     return int(next(w["pid"] for w in job["workers"] if w["rank"] == rank))
 
@@ -138,7 +110,7 @@ async def crash_trials(cluster: BenchCluster, job_id: str, trials: int) -> Serie
         os.kill(_pid(job, rank), signal.SIGKILL)
         arrived, done, failure = await _completed(cluster, job_id, job["generation"], 120)
         series.trials.append(_trial(killed_at, job["step"], arrived, done, failure))
-        _progress(series)
+        progress(series)
         if done.get("fallback"):
             series.notes.append(f"fallback: {done['fallback']}")
     return series
@@ -162,7 +134,7 @@ async def node_loss_trials(
         child.process.kill()
         arrived, done, failure = await _completed(cluster, job_id, job["generation"], 120)
         series.trials.append(_trial(killed_at, job["step"], arrived, done, failure))
-        _progress(series)
+        progress(series)
         if done["world_size"] != 2:
             series.notes.append(f"expected a shrink to 2, got {done['world_size']}")
         if done.get("fallback"):
@@ -176,90 +148,6 @@ async def node_loss_trials(
                 break
             done = grown
     return series, regrow
-
-
-class CheckpointingTorchrun(TorchrunJob):
-    """``TorchrunJob`` running :mod:`bench.torchrun_ckpt_job` with ``--max-restarts=3``."""
-
-    def __init__(self, workdir: Path, nproc: int = 4, max_restarts: int = 3) -> None:
-        import subprocess
-        import threading
-
-        self.markers = workdir / "markers.jsonl"
-        self.markers.touch()
-        env = dict(os.environ, BENCH_MARKERS=str(self.markers), BENCH_CKPT=str(workdir / "ckpt"),
-                   BENCH_CHECKPOINT_EVERY="10", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                   OMP_NUM_THREADS="1")  # fmt: skip
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            "-m", "bench.torchrun_ckpt_job",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            start_new_session=True, text=True,
-        )  # fmt: skip
-        self.lines: list[tuple[float, str]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def first_step(self, restart: int, timeout_s: float = 180.0) -> dict[str, Any]:
-        """The first completed step of group ``restart`` (every rank's step has the same t)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            steps = [m for m in self.marks() if m["restart"] == restart and m["event"] == "step"]
-            if steps:
-                return min(steps, key=lambda m: m["t"])
-            time.sleep(0.02)
-        raise TimeoutError(f"torchrun group {restart} never stepped")
-
-    def wait_progress(self, restart: int, steps: int, timeout_s: float = 180.0) -> dict[int, int]:
-        """Pids by rank once every rank of group ``restart`` did ``steps`` steps in it."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            marks = [m for m in self.marks() if m["restart"] == restart and m["event"] == "step"]
-            done: dict[int, list[dict[str, Any]]] = {}
-            for mark in marks:
-                done.setdefault(mark["rank"], []).append(mark)
-            if len(done) == 4 and all(len(v) >= steps for v in done.values()):
-                return {rank: int(v[-1]["pid"]) for rank, v in done.items()}
-            time.sleep(0.05)
-        raise TimeoutError(f"torchrun group {restart} did not make {steps} steps")
-
-    def last_step(self, restart: int) -> int:
-        steps = [
-            m["step"] for m in self.marks() if m["restart"] == restart and m["event"] == "step"
-        ]
-        return max(steps, default=0)
-
-
-def torchrun_crashes(trials: int, max_restarts: int = 3) -> Series:
-    series = Series("torchrun crash (ckpt every 10)")
-    done = 0
-    while done < trials:
-        with tempfile.TemporaryDirectory(
-            prefix="torchrun-recover-", ignore_cleanup_errors=True
-        ) as tmp:
-            job = CheckpointingTorchrun(Path(tmp), max_restarts=max_restarts)
-            try:
-                for restart in range(min(max_restarts, trials - done)):
-                    pids = job.wait_progress(restart, random.randint(8, 20))
-                    step_before = job.last_step(restart)
-                    killed_at = time.time()
-                    os.kill(pids[random.randrange(4)], signal.SIGKILL)
-                    first = job.first_step(restart + 1)
-                    series.trials.append(
-                        Trial(
-                            recover_s=first["t"] - killed_at,
-                            lost_steps=max(0, step_before - int(first["resumed"])),
-                            source="disk" if first["resumed"] else "none",
-                            kind="restart",
-                        )
-                    )
-                    _progress(series)
-                    done += 1
-            finally:
-                job.stop()
-    return series
 
 
 def _table(series: list[Series], regrow: list[float]) -> Table:
@@ -288,12 +176,25 @@ def _table(series: list[Series], regrow: list[float]) -> Table:
     return table
 
 
+async def planner_calibration(cluster: BenchCluster, timeout_s: float = 60.0) -> dict[str, Any]:
+    """What the planner learnt from these trials (``GET /v1/calibration``), once a planning
+    pass after the last one stored it: the input of ``python -m simulator.calibrate``."""
+    since = time.time()
+    async with asyncio.timeout(timeout_s):
+        while True:
+            response = await cluster.api.get("/v1/calibration")
+            if response.status_code == 200 and (response.json().get("at") or 0) > since:
+                return dict(response.json())
+            await asyncio.sleep(0.5)
+
+
 async def main(trials: int) -> dict[str, Any]:
     random.seed(0)
     async with bench_cluster() as cluster:
         job_id = await cluster.submit(**JOB)
         crash = await crash_trials(cluster, job_id, trials)
         node_loss, regrow = await node_loss_trials(cluster, job_id, trials)
+        calibration = await planner_calibration(cluster)
     try:
         torchrun = await asyncio.to_thread(torchrun_crashes, trials)
     except Exception as exc:  # keep the Unicron results; say why the baseline is missing
@@ -313,6 +214,7 @@ async def main(trials: int) -> dict[str, Any]:
             (t.lost_steps for t in crash.trials + node_loss.trials), default=0
         ),
         "torchrun_lost_steps_max": max((t.lost_steps for t in torchrun.trials), default=0),
+        "calibration": calibration,
     }
 
 

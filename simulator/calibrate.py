@@ -4,13 +4,15 @@ runs it), to compare with what a recovery benchmark measures on real processes.
 
 The simulator prices transitions with the planner's own cost model, scaled by the same
 per-kind factors (measured / modelled downtime) that the planner's calibration store learns
-from the executor's measurements; pass them with ``--calibration FILE`` (see
-:func:`simulator.inputs.load_calibration`) and both use the same numbers. The ratio printed here
-is simulated / measured: 1 means the model needs no factor; its inverse is the ``restart``
-factor to feed back.
+from the executor's measurements. ``bench/recover.py`` ends by saving what the planner learnt
+from its trials (``GET /v1/calibration``) in its JSON line; given that line, this prints the
+simulated crash downtime without and with those factors, each against the measured one
+(simulated / measured: 1 is a perfect model). ``--calibration FILE`` takes the same record from
+``unicron calibration --out FILE`` instead. The failure rate is pinned at 1e-3 per GPU-hour: a
+bench's bursts of deliberate faults say nothing about D_run.
 
     python bench/recover.py --trials 5 | tail -1 > recover.json
-    python -m simulator.calibrate --recover-json recover.json [--calibration calib.json]
+    python -m simulator.calibrate --recover-json recover.json
 
 (or ``--measured SECONDS``); ``bench/recover.py``'s ``unicron_crash_s_p50`` is the measurement.
 """
@@ -19,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from services.planner.api import Calibration, TransitionKind
+from services.planner.calibration import calibration_of
+from shared.calibration import CalibrationRecord
 from shared.taxonomy import FailureCategory
-from simulator.inputs import ClusterConfig, JobConfig, load_calibration
+from simulator.inputs import ClusterConfig, InputError, JobConfig, load_calibration
 from simulator.runner import Scenario, run_policy
 from simulator.trace import Failure
 
@@ -35,9 +41,20 @@ CRASH_AT_S = 60.0
 def simulated_crash_downtime(calibration: Calibration | None = None) -> float:
     """Seconds the 4-worker CPU job is down after one worker exits abnormally (SEV2)."""
     crash = Failure(CRASH_AT_S, 0, FailureCategory.EXITED_ABNORMALLY, 0.0)
-    calib = calibration or Calibration(failure_rate_per_gpu_h=1e-3)
+    calib = replace(calibration or Calibration(), failure_rate_per_gpu_h=1e-3)
     scenario = Scenario(CPU_CLUSTER, [CPU_JOB], [crash], 2 * CRASH_AT_S, CRASH_AT_S, calib)
     return float(run_policy(scenario, "unicron").summary["downtime_s"])
+
+
+def _from_recover_json(path: Path) -> tuple[float, Calibration | None]:
+    """Measured crash downtime and the planner's calibration from ``bench/recover.py``'s line."""
+    try:
+        raw = json.loads(path.read_text().strip().splitlines()[-1])
+        measured = float(raw["unicron_crash_s_p50"])
+    except (OSError, IndexError, ValueError, KeyError) as exc:
+        raise SystemExit(f"{path}: not bench/recover.py's JSON line ({exc!r})") from exc
+    record = raw.get("calibration")
+    return measured, calibration_of(CalibrationRecord.model_validate(record)) if record else None
 
 
 def main() -> None:
@@ -46,20 +63,24 @@ def main() -> None:
     parser.add_argument("--recover-json", type=Path, help="bench/recover.py's JSON line")
     parser.add_argument("--calibration", type=Path, help="planner calibration JSON")
     args = parser.parse_args()
+    measured, calib = args.measured, None
     if args.recover_json:
-        args.measured = float(json.loads(args.recover_json.read_text())["unicron_crash_s_p50"])
-    calib = None
+        measured, calib = _from_recover_json(args.recover_json)
     if args.calibration:
-        factors, rate = load_calibration(args.calibration)
-        calib = Calibration(
-            transition_factors=tuple(sorted((TransitionKind(k), v) for k, v in factors.items())),
-            failure_rate_per_gpu_h=rate or 1e-3,
-        )
-    simulated = simulated_crash_downtime(calib)
-    report: dict[str, float | None] = {"simulated_s": round(simulated, 3)}
-    if args.measured:
-        report["measured_s"] = args.measured
-        report["ratio_simulated_to_measured"] = round(simulated / args.measured, 3)
+        try:
+            calib = load_calibration(args.calibration)
+        except InputError as exc:
+            raise SystemExit(str(exc)) from exc
+    report: dict[str, Any] = {"simulated_uncalibrated_s": round(simulated_crash_downtime(), 3)}
+    if calib is not None:
+        report["restart_factor"] = dict(calib.transition_factors).get(TransitionKind.RESTART)
+        report["simulated_calibrated_s"] = round(simulated_crash_downtime(calib), 3)
+    if measured:
+        report["measured_s"] = measured
+        for key in ("uncalibrated", "calibrated"):
+            if f"simulated_{key}_s" in report:
+                ratio = report[f"simulated_{key}_s"] / measured
+                report[f"ratio_{key}_to_measured"] = round(ratio, 3)
     print(json.dumps(report))
 
 
