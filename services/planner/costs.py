@@ -4,10 +4,11 @@
 reattempt, restart, shrink, grow, migrate, stop). Two models price it:
 
 - :class:`ConstantDowntime`: a fixed downtime per kind of change (tests, and a baseline);
-- :class:`ModelledDowntime`: from the cluster preset — process launch, process-group re-form,
-  in-place reattempt, and moving each new rank's shard of the training state from the nearest
-  copy (a data-parallel peer over the network, else the checkpoint on disk, redoing the steps
-  since it) — times a per-kind factor learnt from the downtimes the executor measures.
+- :class:`ModelledDowntime`: from the cluster preset — process launch (a warm spare's takeover
+  for a restart where the preset measured one), process-group re-form, in-place reattempt, and
+  moving each new rank's shard of the training state from the nearest copy (a data-parallel
+  peer over the network, else the checkpoint on disk, redoing the steps since it) — times a
+  per-kind factor learnt from the downtimes the executor measures.
 """
 
 from __future__ import annotations
@@ -127,11 +128,13 @@ class ModelledDowntime:
             0.0,
         )
         launched = c.launch_s + c.reform_s + transfer
+        # A restart replaces the failed rank of a running job: the node's warm spare takes it.
+        replaced = launched if c.spare_s is None else launched - c.launch_s + c.spare_s
         by_kind = {
             TransitionKind.START: np.full(kinds.shape, c.launch_s),
             TransitionKind.RESUME: c.launch_s + transfer,
             TransitionKind.REATTEMPT: np.full(kinds.shape, c.reattempt_s),
-            TransitionKind.RESTART: launched,
+            TransitionKind.RESTART: replaced,
             TransitionKind.GROW: launched,
             TransitionKind.MIGRATE: launched,
             TransitionKind.SHRINK: c.reform_s + np.where(reshard, shard / c.inter_bw, 0.0),

@@ -3,8 +3,8 @@
 - step reports (rank 0 only, warm-up steps left out) are summed in memory per job and folded
   into the job's slowdown at each :meth:`Feedback.flush` — one Redis write per job per
   reconcile tick, however fast the job steps;
-- ``transition.completed``: the measured downtime against the prediction the plan that
-  launched the generation recorded (before calibration), per transition kind;
+- ``transition.completed``: the measured duration (transition start → first step) against the
+  prediction the plan that launched the generation recorded (before calibration), per kind;
 - ``failure.detected``: one failure for the rate estimate, once per failure id;
 - :meth:`Feedback.exposure`: the GPU-hours the running jobs accumulated.
 """
@@ -96,7 +96,11 @@ class Feedback:
         if why is None or TransitionKind(why.transition) in UNCALIBRATED:
             return
         modelled = why.predicted_downtime_s / (why.downtime_factor or 1.0)
-        observed = data.downtime_s if data.downtime_s is not None else data.duration_s
+        # The transition's own time, from the executor starting it to the first step: the
+        # downtime since the fault also counts detection and planning, which every plan pays
+        # alike and D_trans does not price (a node loss's 3 s of missed heartbeats would read
+        # as a shrink 100x dearer than it is).
+        observed = data.duration_s
         if modelled <= 0 or not await self.state.once(f"planner:transition:{event_id}"):
             return
         factor = await self.store.transition(TransitionKind(why.transition), observed, modelled)

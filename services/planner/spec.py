@@ -91,6 +91,9 @@ class ClusterSpec:
     # Transitions (DESIGN.md §5): fresh process with its runtime, re-forming a process group in
     # place, retrying a collective in place, and reading a checkpoint from local disk.
     launch_s: float = 30.0
+    # A warm spare (runtime already imported) taking a failed rank's seat in a restart; None
+    # where none is measured or agents keep none: the replacement is a fresh launch.
+    spare_s: float | None = None
     reform_s: float = 2.0
     reattempt_s: float = 1.0
     disk_bw: float = 2e9

@@ -14,7 +14,8 @@ repaired (if the policy can grow, or the job is stalled without nodes), and no j
 another's nodes.
 
 Detection classes (how a fault is first seen): *hang* — a collective that never completes
-(task hang, NCCL timeout); *node* — a machine that stops answering; *exception* — every other
+(task hang, NCCL timeout); *node* — a machine that stops answering; *exit* — a process that
+dies without a word (killed, segfault: ``exited_abnormally``); *exception* — every other
 category, which raises in the training process and makes it exit.
 """
 
@@ -44,7 +45,9 @@ NODE_LOSS = frozenset({FailureCategory.NODE_DOWN})
 def detection_class(category: FailureCategory) -> str:
     if category in HANGS:
         return "hang"
-    return "node" if category in NODE_LOSS else "exception"
+    if category in NODE_LOSS:
+        return "node"
+    return "exit" if category is FailureCategory.EXITED_ABNORMALLY else "exception"
 
 
 class Policy(ABC):

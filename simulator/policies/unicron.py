@@ -1,20 +1,22 @@
 """``unicron``: our detector latencies, the planner itself, and its transition-cost model.
 
-Detection (measured by ``bench/detect.py``, DESIGN.md §3): an exception is reported in-band and
-a crash seen by the agent within 0.05-0.2 s (we charge ``EXCEPTION_S`` = 0.2 s); a hang is a
-step slower than 3x the running mean, seen after 3 x iteration + 0.5 s; a lost node after its
-3 missed 1-s heartbeats (``NODE_S`` = 3 s).
+Detection (measured by ``bench/detect.py``, DESIGN.md §3; we charge about each p99): a process
+that dies is seen by its agent's supervision (``EXIT_S`` = 0.08 s; crash p99 0.078 s); an
+exception is reported in-band before the process exits (``EXCEPTION_S`` = 0.2 s; p99 0.162 s);
+a hang is a step slower than 3x the running mean, seen after 3 x iteration + 0.5 s; a lost node
+after its 3 missed 1-s heartbeats (``NODE_S`` = 3 s).
 
 Recovery, per the taxonomy: a SEV3 fault is reattempted in place and a SEV2 fault restarts the
-job's processes on the same nodes — the executor acts at once, so these are priced by the
-planner's :class:`~services.planner.costs.ModelledDowntime` for the in-place transition
-(reattempt: the preset's ``reattempt_s``; restart: launch + re-form + the state from a live
-data-parallel peer, or from disk with the steps since the checkpoint redone when there is
-none). A SEV1 fault isolates the node and re-plans the whole cluster with
-:func:`services.planner.planning.plan_cluster`, as do repairs, arrivals and completions: every
-job whose allocation changes pays the planned transition's downtime and lost work (the plan's
-own explanation) plus the planning time. D_run comes from the trace's failure rate; transition
-factors from the same :class:`~services.planner.api.Calibration` the planner is fed.
+job's processes on the same nodes: the planner's debounce (``DEBOUNCE_S``, 0.1 s), then the
+in-place transition as the planner's :class:`~services.planner.costs.ModelledDowntime` prices it
+(reattempt: the preset's ``reattempt_s``; restart: a warm spare's takeover, or a fresh launch
+where the preset has no spare time, + re-form + the state from a live data-parallel peer, or
+from disk with the steps since the checkpoint redone when there is none). A SEV1 fault isolates
+the node and re-plans the whole cluster with :func:`services.planner.planning.plan_cluster`, as
+do repairs, arrivals and completions: every job whose allocation changes pays the planned
+transition's downtime and lost work (the plan's own explanation) plus the planning time. D_run
+comes from the trace's failure rate; transition factors from the same
+:class:`~services.planner.api.Calibration` the planner is fed.
 
 Planning time: by default a fixed ``plan_s`` (the planner's 0.1-s debounce plus a 1-s
 allowance), so a seed always gives the same result; the measured time of every planner call
@@ -46,8 +48,10 @@ from simulator.state import JobRun, Simulation
 from simulator.trace import Failure, node_name
 from simulator.workload import demand_of
 
+EXIT_S = 0.08
 EXCEPTION_S = 0.2
 NODE_S = 3.0
+DEBOUNCE_S = 0.1
 HANG_MEAN_FACTOR = 3.0
 HANG_SLACK_S = 0.5
 PLAN_S = 0.1 + 1.0
@@ -72,7 +76,7 @@ class Unicron(Policy):
         kind = detection_class(failure.category)
         if kind == "hang":
             return HANG_MEAN_FACTOR * run.speeds.iteration_s(run.workers) + HANG_SLACK_S
-        return NODE_S if kind == "node" else EXCEPTION_S
+        return {"node": NODE_S, "exit": EXIT_S}.get(kind, EXCEPTION_S)
 
     def _objective(self, sim: Simulation) -> Objective:
         if self.objective is None:
@@ -108,7 +112,8 @@ class Unicron(Policy):
             run.hits += 1
         if severity != Severity.SEV1:
             for run in hit:
-                sim.hold(run, self.detect_s(failure, run) + self.in_place_s(sim, run, action.value))
+                in_place = DEBOUNCE_S + self.in_place_s(sim, run, action.value)
+                sim.hold(run, self.detect_s(failure, run) + in_place)
             return
         sim.cluster.fail(failure.node, sim.now + failure.repair_s)
         sim.queue.push(sim.now + failure.repair_s, Kind.REPAIR, failure.node)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -58,6 +60,18 @@ def test_state_comes_from_the_nearest_copy() -> None:
     kind, source, disk_s, lost = costs(alone, cost, 8)
     assert (kind, source) == ("restart", "disk")
     assert disk_s > A100.launch_s and lost > 0
+
+
+def test_a_warm_spare_takes_a_restarts_seat_where_the_preset_measured_one() -> None:
+    restart = JobDemand("j", 1.0, 1, 4, 4, hit=True, world_size=4, recovery="restart")
+    with_spare = costs(restart, ModelledDowntime(CPU), 4)
+    no_spare = costs(restart, ModelledDowntime(replace(CPU, spare_s=None)), 4)
+    assert CPU.spare_s is not None
+    assert no_spare[2] - with_spare[2] == pytest.approx(CPU.launch_s - CPU.spare_s)
+    # Replacing a whole lost node's ranks is a fresh launch either way.
+    lost = JobDemand("j", 1.0, 1, 4, 3, hit=True, world_size=4)
+    assert costs(lost, ModelledDowntime(CPU), 4)[:2] == ("migrate", "peer")
+    assert costs(lost, ModelledDowntime(CPU), 4)[2] > CPU.launch_s
 
 
 def test_measured_factors_scale_the_downtime_not_the_redone_work() -> None:

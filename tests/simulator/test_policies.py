@@ -11,7 +11,7 @@ from services.planner.clusters import A100
 from simulator.inputs import ClusterConfig, JobConfig
 from simulator.policies.oobleck import RECONFIGURE_S
 from simulator.policies.restart import DRAIN_S, RESUBMIT_S, SETUP_S, TIMEOUT_S
-from simulator.policies.unicron import EXCEPTION_S
+from simulator.policies.unicron import DEBOUNCE_S, EXCEPTION_S
 from simulator.runner import Result, Scenario, run_policy
 from tests.simulator.conftest import trace_of
 
@@ -43,7 +43,7 @@ def test_sev3_unicron_reattempts_in_place(
     cluster: ClusterConfig, one_job: list[JobConfig], tmp_path: Path
 ) -> None:
     r = run(cluster, one_job, SEV3, tmp_path, "unicron")
-    assert r.summary["downtime_s"] == pytest.approx(EXCEPTION_S + A100.reattempt_s)
+    assert r.summary["downtime_s"] == pytest.approx(EXCEPTION_S + DEBOUNCE_S + A100.reattempt_s)
     assert r.summary["failures"] == 1 and r.summary["job_hits"] == 1
     assert gpus_at(r, 3 * HOUR) == [32]
 

@@ -18,7 +18,7 @@ from simulator.calibrate import simulated_crash_downtime
 from simulator.cluster import ClusterState, OverAllocation
 from simulator.inputs import ClusterConfig, JobConfig
 from simulator.policies import NAMES
-from simulator.policies.unicron import EXCEPTION_S
+from simulator.policies.unicron import DEBOUNCE_S, EXIT_S
 from simulator.runner import Scenario, run_all, run_policy
 from simulator.trace import PAPER_MIX, Failure, generate_trace
 from tests.simulator.conftest import cluster_file, write
@@ -171,9 +171,13 @@ def test_cli_rejects_a_bad_trace_naming_the_line(tmp_path: Path) -> None:
 
 def test_cpu_crash_downtime_uses_the_planners_calibrated_cost() -> None:
     plain = simulated_crash_downtime()
-    # detection + a fresh process (1.7 s) + re-forming the group (20 ms) + a peer's tiny state
-    assert EXCEPTION_S + CPU.launch_s + CPU.reform_s <= plain < EXCEPTION_S + CPU.launch_s + 0.1
+    # the exit seen + the planner's debounce + a warm spare taking the seat + re-forming the
+    # group + a peer's tiny state: far below a fresh process's 1.7 s
+    assert CPU.spare_s is not None
+    modelled = EXIT_S + DEBOUNCE_S + CPU.spare_s + CPU.reform_s
+    assert modelled <= plain < modelled + 0.05 < CPU.launch_s
     doubled = Calibration(
         transition_factors=((TransitionKind.RESTART, 2.0),), failure_rate_per_gpu_h=1e-3
     )
-    assert simulated_crash_downtime(doubled) == pytest.approx(2 * plain - EXCEPTION_S)
+    restart = plain - EXIT_S - DEBOUNCE_S
+    assert simulated_crash_downtime(doubled) == pytest.approx(plain + restart)
