@@ -25,7 +25,7 @@ from simulator.inputs import InputError
 from simulator.plots import plot_gpus, plot_waf
 from simulator.policies import NAMES
 from simulator.runner import run_all
-from simulator.scenario import Options, build_scenario
+from simulator.scenario import Options, build_scenario, parse_throughput
 from simulator.trace import write_trace
 
 EXIT_REFUSED = 2
@@ -84,6 +84,13 @@ def simulate(
     baseline_allocation: Annotated[
         str, typer.Option(help="Baselines start from Unicron's plan ('planner') or 'fifo'.")
     ] = "planner",
+    baseline_throughput: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="POLICY=FACTOR: a policy's measured failure-free throughput over Megatron's "
+            "(the planner's model), replacing its mechanism's figure. Repeatable."
+        ),
+    ] = None,
 ) -> None:
     """Simulate a cluster under a failure trace and compare recovery policies by WAF."""
     console = Console(highlight=False)
@@ -95,6 +102,10 @@ def simulate(
     if any(n not in NAMES for n in names):
         _refuse(f"unknown policy {policy!r}; known: {', '.join(NAMES)}, all")
     try:
+        throughput = parse_throughput(baseline_throughput or [])
+    except ValueError as exc:
+        _refuse(str(exc))
+    try:
         scenario = build_scenario(
             cluster,
             jobs,
@@ -104,7 +115,7 @@ def simulate(
             seed,
             repair_hours,
             calibration,
-            Options(sample_minutes, measured_plan_time, baseline_allocation),
+            Options(sample_minutes, measured_plan_time, baseline_allocation, throughput),
         )
     except InputError as exc:
         _refuse(str(exc))

@@ -35,6 +35,8 @@ class Scenario:
     calibration: Calibration = field(default_factory=Calibration)
     measured_plan_time: bool = False
     baseline_allocation: str = "planner"  # or "fifo": see simulator.policies.base
+    # (policy, measured failure-free throughput / the planner's model), overriding the mechanism
+    throughput: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -50,6 +52,7 @@ def run_policy(scenario: Scenario, name: str, progress: Progress | None = None) 
     policy = make_policy(
         name, scenario.calibration, scenario.measured_plan_time, scenario.baseline_allocation
     )
+    policy.measured_throughput = dict(scenario.throughput).get(name)
     sim = Simulation(scenario.cluster, scenario.jobs, policy)
     timeline = Timeline(name, [j.name for j in scenario.jobs])
     _seed_events(sim, scenario)
@@ -66,6 +69,8 @@ def run_policy(scenario: Scenario, name: str, progress: Progress | None = None) 
     sim.advance(scenario.duration_s)
     timeline.sample(sim)
     summary = policy_summary(sim, failures)
+    if policy.measured_throughput is not None:
+        summary["measured_throughput"] = policy.measured_throughput
     return Result(name, summary, timeline, time.perf_counter() - started)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from services.planner.api import Calibration
 from services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
 from simulator.inputs import ClusterConfig, JobConfig, load_calibration, load_cluster, load_jobs
+from simulator.policies import NAMES
 from simulator.runner import Scenario
 from simulator.trace import Failure, generate_trace, load_trace
 
@@ -38,6 +39,27 @@ class Options:
     sample_minutes: float = 15.0
     measured_plan_time: bool = False
     baseline_allocation: str = "planner"  # or "fifo"
+    throughput: tuple[tuple[str, float], ...] = ()  # see Scenario.throughput
+
+
+def parse_throughput(items: list[str]) -> tuple[tuple[str, float], ...]:
+    """``["oobleck=0.8", …]``: each policy's measured failure-free throughput over the planner's
+    model (Megatron's), which replaces the figure its mechanism gives; ValueError says what is
+    wrong with an item."""
+    parsed: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in NAMES:
+            raise ValueError(f"--baseline-throughput {item!r}: expected POLICY=FACTOR, POLICY one "
+                             f"of {', '.join(NAMES)}")  # fmt: skip
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = -1.0
+        if not 0 < factor <= 2:
+            raise ValueError(f"--baseline-throughput {item!r}: FACTOR must be a number in (0, 2]")
+        parsed[name] = factor
+    return tuple(sorted(parsed.items()))
 
 
 def load_inputs(cluster: Path, jobs: Path, calibration: Path | None = None) -> Inputs:
@@ -72,6 +94,7 @@ def make_scenario(
         calibration,
         opts.measured_plan_time,
         opts.baseline_allocation,
+        opts.throughput,
     )
 
 

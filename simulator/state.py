@@ -88,7 +88,7 @@ class Simulation:
     def set_workers(self, run: JobRun, workers: int) -> None:
         """The job now trains on ``workers`` (the cluster ledger is the caller's)."""
         run.workers = workers
-        run.flops = run.speeds.flops(workers) * self.policy.overhead(run, workers)
+        run.flops = run.speeds.flops(workers) * self.policy.throughput_factor(run, workers)
         self._rearm(run)
 
     def hold(self, run: JobRun, seconds: float) -> None:

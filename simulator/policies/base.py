@@ -54,6 +54,9 @@ class Policy(ABC):
     """A recovery policy under simulation."""
 
     name: ClassVar[str]
+    # The user's measured failure-free throughput relative to the planner's model, which then
+    # replaces the mechanism's own figure (``unicron simulate --baseline-throughput``).
+    measured_throughput: float | None = None
 
     def speeds(self, job: JobConfig, config: ClusterConfig) -> Speeds:
         """T(x) of the job under this policy (default: the planner's Megatron model)."""
@@ -62,6 +65,12 @@ class Policy(ABC):
     def overhead(self, run: JobRun, workers: int) -> float:
         """Failure-free throughput factor of the policy's mechanism (1: none)."""
         return 1.0
+
+    def throughput_factor(self, run: JobRun, workers: int) -> float:
+        """What multiplies T(x): the measured figure where one was given, else the mechanism's."""
+        if self.measured_throughput is not None:
+            return self.measured_throughput
+        return self.overhead(run, workers)
 
     @abstractmethod
     def start(self, sim: Simulation, runs: list[JobRun]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from simulator.calibrate import simulated_crash_downtime
 from simulator.cluster import ClusterState, OverAllocation
 from simulator.inputs import ClusterConfig, JobConfig
 from simulator.policies import NAMES
+from simulator.policies.oobleck import OVERHEAD as OOBLECK_OVERHEAD
 from simulator.policies.unicron import DEBOUNCE_S, EXIT_S
 from simulator.runner import Scenario, run_all, run_policy
 from simulator.trace import PAPER_MIX, Failure, generate_trace
@@ -181,3 +183,30 @@ def test_cpu_crash_downtime_uses_the_planners_calibrated_cost() -> None:
     )
     restart = plain - EXIT_S - DEBOUNCE_S
     assert simulated_crash_downtime(doubled) == pytest.approx(plain + restart)
+
+
+def test_a_measured_baseline_throughput_replaces_its_mechanisms_figure(
+    cluster: ClusterConfig, two_jobs: list[JobConfig]
+) -> None:
+    quiet = Scenario(cluster, two_jobs, [], DAY, 3600.0, Calibration(failure_rate_per_gpu_h=1e-4))
+    modelled = run_policy(quiet, "oobleck").summary
+    measured = run_policy(replace(quiet, throughput=(("oobleck", 0.5),)), "oobleck").summary
+    ratio = measured["accumulated_waf"] / modelled["accumulated_waf"]
+    assert ratio == pytest.approx(0.5 / OOBLECK_OVERHEAD)
+    assert measured["measured_throughput"] == 0.5 and "measured_throughput" not in modelled
+
+
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [("oobleck", "expected POLICY=FACTOR"), ("hal=0.5", "POLICY one of"), ("bamboo=x", "(0, 2]")],
+)
+def test_cli_refuses_a_bad_baseline_throughput(tmp_path: Path, item: str, says: str) -> None:
+    jobs = write(
+        tmp_path / "jobs.json",
+        '[{"name": "a", "params_b": 1.3, "weight": 1, "min_gpus": 8, "max_gpus": 8}]',
+    )
+    args = ["--cluster", str(cluster_file(tmp_path)), "--jobs", str(jobs), "--generate",
+            "--out", str(tmp_path / "o"), "--baseline-throughput", item]  # fmt: skip
+    result = CliRunner().invoke(_app(), args)
+    assert result.exit_code == 2
+    assert says in result.output
