@@ -25,21 +25,26 @@ NOTICED = re.compile(r"failed|FAILED|SIGTERM|[Rr]estart|ChildFailedError|exitcod
 
 
 class TorchrunJob:
-    def __init__(self, workdir: Path, nproc: int = 4) -> None:
+    """``torchrun --standalone`` over a bench job ``module`` that appends JSON markers (one per
+    step, with its rank, pid and restart group) to ``workdir/markers.jsonl``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        nproc: int = 4,
+        module: str = "bench.torchrun_job",
+        max_restarts: int = 1,
+        **env_extra: str,
+    ) -> None:
         self.markers = workdir / "markers.jsonl"
         self.markers.touch()
         env = dict(os.environ, BENCH_MARKERS=str(self.markers),
-                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1")  # fmt: skip
+                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", OMP_NUM_THREADS="1",
+                   **env_extra)  # fmt: skip
         cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "--max-restarts=1",
-            "-m",
-            "bench.torchrun_job",
-        ]
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "-m", module,
+        ]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
             start_new_session=True, text=True,

@@ -7,10 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,22 +20,10 @@ class CheckpointingTorchrun(TorchrunJob):
     """``TorchrunJob`` running :mod:`bench.torchrun_ckpt_job` with ``--max-restarts=3``."""
 
     def __init__(self, workdir: Path, nproc: int = 4, max_restarts: int = 3) -> None:
-        self.markers = workdir / "markers.jsonl"
-        self.markers.touch()
-        env = dict(os.environ, BENCH_MARKERS=str(self.markers), BENCH_CKPT=str(workdir / "ckpt"),
-                   BENCH_CHECKPOINT_EVERY="10", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                   OMP_NUM_THREADS="1")  # fmt: skip
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            "-m", "bench.torchrun_ckpt_job",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            start_new_session=True, text=True,
+        super().__init__(
+            workdir, nproc, "bench.torchrun_ckpt_job", max_restarts,
+            BENCH_CKPT=str(workdir / "ckpt"), BENCH_CHECKPOINT_EVERY="10",
         )  # fmt: skip
-        self.lines: list[tuple[float, str]] = []
-        threading.Thread(target=self._read, daemon=True).start()
 
     def first_step(self, restart: int, timeout_s: float = 180.0) -> dict[str, Any]:
         """The first completed step of group ``restart`` (every rank's step has the same t)."""
