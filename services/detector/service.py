@@ -19,7 +19,7 @@ from services.detector.signals import Candidate, from_exception, from_exit, from
 from services.detector.stragglers import StragglerWatch
 from shared.bus import Bus
 from shared.logging import get_logger
-from shared.models import JobState, WorkerState
+from shared.models import JobState, WorkerState, now
 from shared.reports import (
     REPORT_SUBJECT_PREFIX,
     WORKER_REPORT,
@@ -98,8 +98,12 @@ class Detector:
                     next_reconcile = loop.time() + self.settings.reconcile_interval_s
             except Exception:
                 log.exception("detector check failed; retrying")
+            # A hair past the next node's deadline (its silence must exceed the timeout), but
+            # never longer than the polling interval: a new node may have registered meanwhile.
+            due_in = self.nodes.next_due - now() + 0.002
+            wait = min(self.settings.node_check_interval_s, max(due_in, 0.0))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.node_check_interval_s)
+                await asyncio.wait_for(stop.wait(), wait)
 
 
 async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: DetectorSettings) -> None:

@@ -1,0 +1,40 @@
+"""Node loss from heartbeats: declared when the node's silence passes the timeout, not at the
+next polling tick."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.detector.settings import DetectorSettings
+from shared.events import CloudEvent
+from tests.detector.conftest import Cluster, next_event
+
+HEARTBEAT_S = 0.2  # x 3 misses: silent for more than 0.6 s is lost
+
+
+@pytest.fixture
+def detector_settings(nats_url: str, redis_url: str) -> DetectorSettings:
+    # Polling only once a second: a loss seen within a fraction of that came from a check
+    # scheduled at the node's own deadline.
+    return DetectorSettings(
+        nats_url=nats_url,
+        redis_url=redis_url,
+        heartbeat_interval_s=HEARTBEAT_S,
+        node_check_interval_s=1.0,
+    )
+
+
+async def test_a_silent_node_is_lost_at_its_deadline(
+    cluster: Cluster, events: asyncio.Queue[CloudEvent], detector_settings: DetectorSettings
+) -> None:
+    await cluster.add_node("node-0")
+    await asyncio.sleep(3 * HEARTBEAT_S)  # a few heartbeats in
+    cluster.kill_agent("node-0")
+    lost = await next_event(events, "node.lost", timeout_s=5.0)
+    silent_s = time.time() - lost.data["last_heartbeat"]
+    timeout_s = detector_settings.node_timeout_s
+    assert lost.data["node_id"] == "node-0"
+    assert timeout_s < silent_s < timeout_s + 0.4, silent_s  # a 1-s tick could add up to 1 s
