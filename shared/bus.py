@@ -38,6 +38,7 @@ STREAMS: dict[str, list[str]] = {
 MAX_DELIVER = 5
 ACK_WAIT_S = 30.0
 REPORTS_MAX_AGE_S = 24 * 3600.0
+DRAIN_TIMEOUT_S = 2.0
 
 
 def parse_event(raw: bytes) -> CloudEvent:
@@ -58,9 +59,12 @@ class Bus:
     async def connect(cls, url: str, source: str, connect_timeout_s: float = 30.0) -> Bus:
         @retry(stop=stop_after_delay(connect_timeout_s), wait=wait_exponential(0.1, max=2.0))
         async def _connect() -> NatsClient:
+            # A bounded drain (nats-py waits 30 s by default): a shutdown must not hang on
+            # messages nobody will handle any more.
             return await nats.connect(
-                url, name=source, max_reconnect_attempts=-1, reconnect_time_wait=0.5
-            )
+                url, name=source, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                drain_timeout=DRAIN_TIMEOUT_S,
+            )  # fmt: skip
 
         nc = await _connect()
         bus = cls(nc, nc.jetstream(), source)
@@ -81,7 +85,12 @@ class Bus:
             with contextlib.suppress(Exception):  # the connection may already be gone
                 await sub.unsubscribe()
         if not self.nc.is_closed:
-            await self.nc.drain()
+            with contextlib.suppress(Exception):  # e.g. a drain timeout: close regardless
+                await self.nc.drain()
+        # A drain that timed out leaves the client open, and with unlimited reconnects it would
+        # try a vanished server forever: the shutdown (or the test's event loop) never ends.
+        if not self.nc.is_closed:
+            await self.nc.close()
 
     # --- publishing ----------------------------------------------------------------------
 

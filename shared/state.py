@@ -8,6 +8,7 @@ updates.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -54,6 +55,16 @@ class StateStore:
 
     async def _update(self, key: str, model: type[M], mutate: Mutation[M]) -> M | None:
         """Apply ``mutate`` atomically; it returns False to leave the record unwritten."""
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task else 0
+        result = await self._update_watched(key, model, mutate)
+        # redis-py's pipeline cleanup can swallow a cancel that lands during its UNWATCH; a
+        # task cancelled meanwhile must still stop, or its shutdown waits on it forever.
+        if task is not None and task.cancelling() > cancels:
+            raise asyncio.CancelledError
+        return result
+
+    async def _update_watched(self, key: str, model: type[M], mutate: Mutation[M]) -> M | None:
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
