@@ -180,6 +180,7 @@ class FailureRecord(BaseModel):
     node_id: str | None = None
     observed_at: float
     detected_at: float | None = Field(None, description="when failure.detected was published")
+    step: int | None = Field(None, description="the job's last completed step when it failed")
 
 
 class Job(BaseModel):

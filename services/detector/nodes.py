@@ -1,7 +1,9 @@
 """Node health from agent heartbeats: a node silent for ``heartbeat_misses`` intervals is lost.
 
 A lost node is marked LOST (so the planner stops using it), ``node.lost`` is published, and every
-job with a worker of its running generation on that node gets a SEV1 failure candidate.
+job with a worker of its running generation on that node gets a SEV1 failure candidate. A
+QUARANTINED or DRAINED node that falls silent keeps its state, but its jobs' workers there are
+failed the same way.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class NodeMonitor:
         # When the next READY node falls silent if no heartbeat comes first: the service wakes
         # then instead of a whole polling interval later, so a loss is seen on time.
         self.next_due = float("inf")
+        self._silent_out: set[tuple[str, str | None]] = set()  # (node, boot) already failed
 
     async def check(self) -> list[str]:
         """Mark every newly silent node lost; returns their ids."""
@@ -36,14 +39,28 @@ class NodeMonitor:
         lost = []
         due = float("inf")
         for node in await self.state.list_nodes():
-            if node.state != NodeState.READY:
+            if node.state == NodeState.LOST:
                 continue
             if at - node.last_heartbeat <= self.timeout_s:
                 due = min(due, node.last_heartbeat + self.timeout_s)
-            elif await self._mark_lost(node.id, at):
-                lost.append(node.id)
+                self._silent_out.discard((node.id, node.boot_id))
+            elif node.state == NodeState.READY:
+                if await self._mark_lost(node.id, at):
+                    lost.append(node.id)
+            else:
+                await self._out_of_service_silent(node)
         self.next_due = due
         return lost
+
+    async def _out_of_service_silent(self, node: NodeRecord) -> None:
+        """A quarantined or drained node stays so (its cooldown or the operator's decision
+        outlives the silence), but workers still running on it are gone with it."""
+        key = (node.id, node.boot_id)
+        if key in self._silent_out:
+            return
+        self._silent_out.add(key)
+        get_logger(node_id=node.id).warning("out-of-service node silent", state=node.state.value)
+        await self._fail_jobs_on(node)
 
     async def _mark_lost(self, node_id: str, at: float) -> bool:
         marked = False

@@ -3,7 +3,8 @@
 Safe to repeat: the event id is derived from (job, generation) so NATS drops a re-published
 copy, and the job record is only changed while no failure is recorded for that generation.
 A failure of the generation that was started to recover from the previous one, within the
-escalation window, escalates: reattempt → restart → reconfigure (DESIGN.md §3). Advisory
+escalation window and before that generation trained ``escalation_steps`` steps, escalates:
+reattempt → restart → reconfigure (DESIGN.md §3). Advisory
 failures (a straggler) are published and counted against the node, but leave the job running.
 """
 
@@ -41,9 +42,17 @@ class FailureRecorder:
     def _grade(self, job: Job, cause: Candidate) -> tuple[Severity, RecoveryAction, dict[str, str]]:
         severity, action = severity_of(cause.category)
         last = job.last_failure
+        # A recovery that trained on for ``escalation_steps`` worked: what fails later is a
+        # new fault, not the same one coming back.
+        proven = (
+            last is not None
+            and last.step is not None
+            and job.step - last.step >= self.settings.escalation_steps
+        )
         repeated = (
             action != RecoveryAction.REPORT
             and last is not None
+            and not proven
             and last.generation == cause.generation - 1
             and cause.observed_at - last.observed_at <= self.settings.escalation_window_s
         )
@@ -110,6 +119,7 @@ class FailureRecorder:
                 rank=failure.rank,
                 node_id=failure.node_id,
                 observed_at=failure.observed_at,
+                step=j.step,
             )
             j.set_state(JobState.RECOVERING, f"{failure.kind.value}: {failure.category.value}")
             marked = True

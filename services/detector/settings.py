@@ -12,8 +12,10 @@ class DetectorSettings(CommonSettings):
     ping_timeout_s: float = 0.25
     # Extra wait for the hung rank's own report after its peers' (see liveness.hold).
     hang_grace_s: float = 0.5
-    # A failure of the generation that recovered from another within this window escalates.
+    # A failure of the generation that recovered from another within this window escalates,
+    # unless that generation had trained this many steps since (its recovery worked).
     escalation_window_s: float = 300.0
+    escalation_steps: int = 10
     # This many node-attributable failures within the window quarantine the node.
     quarantine_threshold: int = 3
     quarantine_window_s: float = 600.0

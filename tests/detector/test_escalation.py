@@ -21,8 +21,10 @@ async def test_failure_after_a_reattempt_escalates_to_restart(
     earlier = FailureRecord(
         failure_id="job-h:1", generation=1, kind="exception", category="connection_reset",
         severity="SEV3", action="reattempt", observed_at=now() - 5, rank=0, node_id="node-0",
+        step=40,
     )  # fmt: skip
-    await cluster.add_job("job-h", ["node-0", "node-0"], generation=2, last_failure=earlier)
+    # Generation 2 failed again two steps into its recovery: the reattempt did not help.
+    await cluster.add_job("job-h", ["node-0"] * 2, generation=2, last_failure=earlier, step=42)
     await bus.publish_report(reset_by_peer("job-h", 1, "node-0", gen=2))
     failure = (await next_event(events, "failure.detected")).data
     assert (failure["severity"], failure["action"]) == ("SEV2", "restart")
@@ -86,3 +88,20 @@ async def test_noisy_healthy_ranks_are_not_stragglers(
                 step("job-n", rank, index, 0.04 * spike * noise.uniform(0.7, 1.4))
             )
     await no_event(events, "failure.detected", within_s=1.0)
+
+
+async def test_a_new_fault_after_a_recovery_that_trained_on_is_not_escalated(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    await cluster.add_node("node-0")
+    earlier = FailureRecord(
+        failure_id="job-p:1", generation=1, kind="exception", category="connection_reset",
+        severity="SEV3", action="reattempt", observed_at=now() - 5, rank=0, node_id="node-0",
+        step=40,
+    )  # fmt: skip
+    # Generation 2 recovered and did 15 steps: its recovery worked.
+    await cluster.add_job("job-p", ["node-0"] * 2, generation=2, last_failure=earlier, step=55)
+    await bus.publish_report(reset_by_peer("job-p", 1, "node-0", gen=2))
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["severity"], failure["action"]) == ("SEV3", "reattempt")
+    assert "escalated_from" not in failure["evidence"]

@@ -10,6 +10,8 @@ import pytest
 
 from services.detector.settings import DetectorSettings
 from shared.events import CloudEvent
+from shared.models import NodeRecord, NodeState, now
+from shared.state import StateStore
 from tests.detector.conftest import Cluster, next_event
 
 HEARTBEAT_S = 0.2  # x 3 misses: silent for more than 0.6 s is lost
@@ -38,3 +40,21 @@ async def test_a_silent_node_is_lost_at_its_deadline(
     timeout_s = detector_settings.node_timeout_s
     assert lost.data["node_id"] == "node-0"
     assert timeout_s < silent_s < timeout_s + 0.4, silent_s  # a 1-s tick could add up to 1 s
+
+
+async def test_a_silent_quarantined_node_fails_its_workers_and_stays_quarantined(
+    cluster: Cluster, events: asyncio.Queue[CloudEvent], state: StateStore
+) -> None:
+    for node_id in ("node-0", "node-1"):
+        await cluster.add_node(node_id)
+    await cluster.add_job("job-q", ["node-0", "node-1"])
+
+    def quarantine(node: NodeRecord) -> None:
+        node.state, node.quarantined_until = NodeState.QUARANTINED, now() + 600
+
+    await state.update_node("node-1", quarantine)
+    cluster.kill_agent("node-1")
+    failure = (await next_event(events, "failure.detected", timeout_s=5.0)).data
+    assert (failure["kind"], failure["node_id"], failure["rank"]) == ("node_lost", "node-1", 1)
+    node = await state.get_node("node-1")
+    assert node is not None and node.state == NodeState.QUARANTINED
