@@ -5,7 +5,7 @@ A 4-worker GPT job on 2 agents x 2 slots. For each fault kind, ``--trials`` faul
 with the other core busy counts false alarms. The same crash and hang run under torchrun in the
 same run (see :mod:`bench.torchrun_baseline`). Prints a table, then one JSON line.
 
-    python bench/detect.py [--trials 20] [--healthy-steps 1000]
+    python bench/detect.py [--trials 20] [--healthy-steps 1000] [--kinds node_loss,hang]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,28 +195,33 @@ def _table(results: dict[str, KindResult], extra: dict[str, Any]) -> Table:
     return table
 
 
-async def main(trials: int, healthy_steps: int) -> dict[str, Any]:
+TRIALS: dict[str, Callable[[BenchCluster, str, int], Awaitable[KindResult]]] = {
+    "crash": lambda c, j, n: signal_trials(c, j, n, signal.SIGKILL, {"kind": "crash"}),
+    "exception": exception_trials,
+    "hang": lambda c, j, n: signal_trials(
+        c, j, n, signal.SIGSTOP, {"kind": "hang", "category": "task_hang"}
+    ),
+    "node_loss": node_loss_trials,
+    "straggler": straggler_trials,
+}
+P99_KEYS = {"crash": "crash_p99_s", "exception": "exception_p99_s", "hang": "hang_p99_s",
+            "node_loss": "node_loss_p99_s", "straggler": "straggler_iters_p99"}  # fmt: skip
+
+
+async def main(trials: int, healthy_steps: int, kinds: list[str]) -> dict[str, Any]:
     random.seed(0)
     results: dict[str, KindResult] = {}
     async with bench_cluster() as cluster:
         job_id = await cluster.submit(**JOB)
-        results["crash"] = await signal_trials(
-            cluster, job_id, trials, signal.SIGKILL, {"kind": "crash"}
-        )
-        results["exception"] = await exception_trials(cluster, job_id, trials)
-        results["hang"] = await signal_trials(
-            cluster, job_id, trials, signal.SIGSTOP, {"kind": "hang", "category": "task_hang"}
-        )
-        results["node_loss"] = await node_loss_trials(cluster, job_id, trials)
-        results["straggler"] = await straggler_trials(cluster, job_id, trials)
+        for kind in kinds:
+            results[kind] = await TRIALS[kind](cluster, job_id, trials)
         alarms, iteration_s = await false_alarms(cluster, job_id, healthy_steps)
     torchrun = await asyncio.to_thread(torchrun_crash_and_hang)
-    summary = {
-        "crash_p99_s": percentile(results["crash"].latencies, 99),
-        "exception_p99_s": percentile(results["exception"].latencies, 99),
-        "hang_p99_s": percentile(results["hang"].latencies, 99),
-        "node_loss_p99_s": percentile(results["node_loss"].latencies, 99),
-        "straggler_iters_p99": percentile(results["straggler"].latencies, 99),
+    summary: dict[str, Any] = {
+        key: percentile(results[kind].latencies, 99) if kind in results else None
+        for kind, key in P99_KEYS.items()
+    }
+    summary |= {
         "misclassified": sum(r.misclassified for r in results.values()),
         "duplicates": sum(r.duplicates for r in results.values()),
         "false_alarms": alarms,
@@ -228,7 +234,7 @@ async def main(trials: int, healthy_steps: int) -> dict[str, Any]:
              "torchrun crash noticed": f"{torchrun['crash_s']:.2f} s",
              "torchrun hang noticed": f"{torchrun['hang_s']:.1f} s{torchrun['hang_note']}",
              "load average (1 min) at end": f"{os.getloadavg()[0]:.2f}"}  # fmt: skip
-    console = Console()
+    console = Console(width=120)
     console.print(_table(results, extra))
     for kind, res in results.items():
         for note in res.notes:
@@ -240,5 +246,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--healthy-steps", type=int, default=1000)
+    parser.add_argument(
+        "--kinds", default=",".join(TRIALS), help=f"comma-separated subset of {','.join(TRIALS)}"
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.trials, args.healthy_steps))))
+    kinds = [k for k in args.kinds.split(",") if k]
+    if unknown := sorted(set(kinds) - set(TRIALS)):
+        parser.error(f"unknown kind {unknown[0]!r}; known: {', '.join(TRIALS)}")
+    print(json.dumps(asyncio.run(main(args.trials, args.healthy_steps, kinds))))

@@ -7,6 +7,7 @@ and read its events from NATS; nothing is mocked.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -102,9 +103,12 @@ class BenchCluster:
 
 @asynccontextmanager
 async def bench_cluster(nodes: int = 2, slots: int = 2) -> AsyncIterator[BenchCluster]:
+    """The stack a benchmark drives; with ``UNICRON_BENCH_DIR`` set its data and logs stay
+    there for a post-mortem (by default they go with a temporary directory)."""
+    keep = os.environ.get("UNICRON_BENCH_DIR")
     with tempfile.TemporaryDirectory(prefix="unicron-bench-") as tmp:
         config = StackConfig(
-            nodes=nodes, slots=slots, api_port=free_port(), data_dir=Path(tmp),
+            nodes=nodes, slots=slots, api_port=free_port(), data_dir=Path(keep or tmp),
             log_level="WARNING", extra_env=dict(DRILL_ENV),
         )  # fmt: skip
         stack = Stack(config)
