@@ -140,11 +140,13 @@ class SparePool:
                 kill_group(spare.proc.pid)
                 continue
             payload = {"directive": "launch", "launch": launch.model_dump(mode="json")}
+            # Adopted first: the worker it becomes may report before the send returns, and
+            # those reports must already read as the job's, not the spare's.
+            channel.adopt(spare.key, key)
             if not await channel.send_to_worker(*spare.key, payload):
                 log.warning("spare did not take its launch; killing it", pid=spare.proc.pid)
                 kill_group(spare.proc.pid)
                 continue
-            channel.adopt(spare.key, key)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(OSError):  # the open descriptor follows the rename
                 os.replace(spare.log_path, log_path)
