@@ -44,16 +44,14 @@ class Liveness:
         job = await self.state.get_job(candidates[0].job_id)
         if job is None or job.generation != candidates[0].generation:
             return 0.0
-        live = {
-            w.node_id
-            for w in job.workers
-            if w.state in (WorkerState.LAUNCHING, WorkerState.RUNNING)
-        }
-        replies = await asyncio.gather(*(self.answers(n) for n in sorted(live)))
-        silent = [n for n, ok in zip(sorted(live), replies, strict=True) if not ok]
+        live = [w for w in job.workers if w.state in (WorkerState.LAUNCHING, WorkerState.RUNNING)]
+        nodes = sorted({w.node_id for w in live})
+        replies = await asyncio.gather(*(self.answers(n) for n in nodes))
+        silent = [n for n, ok in zip(nodes, replies, strict=True) if not ok]
         if silent:
             return await self._until_verdict(silent)
         reporters = {c.rank for c in candidates}
+        # Some ranks have not reported yet: one of them may be the hung one (its peers only wait).
         if all(c.kind == FailureKind.HANG for c in candidates) and len(reporters) < len(live):
             # The rank that hangs in its compute reports within a check interval of its peers.
             return self.settings.hang_grace_s

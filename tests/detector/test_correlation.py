@@ -103,6 +103,21 @@ async def test_hang_names_the_rank_stuck_in_compute(
     await no_event(events, "failure.detected", within_s=0.8)
 
 
+async def test_hang_waits_for_the_stuck_ranks_own_report_after_its_peers(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    # As many peers report as there are nodes: the grace must count ranks, not nodes.
+    for node in ("node-0", "node-1"):
+        await cluster.add_node(node)
+    await cluster.add_job("job-w", FOUR_RANKS)
+    for rank in (1, 3):
+        await bus.publish_report(hung("job-w", rank, FOUR_RANKS[rank], "collective"))
+    await asyncio.sleep(0.3)  # the stopped rank's agent notices a little later
+    await bus.publish_report(hung("job-w", 0, FOUR_RANKS[0], "compute", state="T"))
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["kind"], failure["rank"]) == ("hang", 0)
+
+
 async def test_stopped_process_is_a_hang_reported_at_once(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
 ) -> None:
