@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 from shared.bus import Bus
 from shared.events import CloudEvent
@@ -14,19 +15,29 @@ from tests.detector.conftest import Cluster, next_event, no_event
 from tests.detector.test_correlation import reset_by_peer
 
 
-async def test_failure_after_a_reattempt_escalates_to_restart(
-    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
-) -> None:
+async def reset_after_a_reattempt(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], job_id: str, steps_since: int
+) -> dict[str, Any]:
+    """A connection reset in generation 2, ``steps_since`` steps after generation 1's SEV3
+    failure at step 40 was reattempted; the failure.detected it gives."""
     await cluster.add_node("node-0")
     earlier = FailureRecord(
-        failure_id="job-h:1", generation=1, kind="exception", category="connection_reset",
+        failure_id=f"{job_id}:1", generation=1, kind="exception", category="connection_reset",
         severity="SEV3", action="reattempt", observed_at=now() - 5, rank=0, node_id="node-0",
         step=40,
     )  # fmt: skip
+    await cluster.add_job(
+        job_id, ["node-0"] * 2, generation=2, last_failure=earlier, step=40 + steps_since
+    )
+    await bus.publish_report(reset_by_peer(job_id, 1, "node-0", gen=2))
+    return (await next_event(events, "failure.detected")).data
+
+
+async def test_failure_after_a_reattempt_escalates_to_restart(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
     # Generation 2 failed again two steps into its recovery: the reattempt did not help.
-    await cluster.add_job("job-h", ["node-0"] * 2, generation=2, last_failure=earlier, step=42)
-    await bus.publish_report(reset_by_peer("job-h", 1, "node-0", gen=2))
-    failure = (await next_event(events, "failure.detected")).data
+    failure = await reset_after_a_reattempt(cluster, bus, events, "job-h", steps_since=2)
     assert (failure["severity"], failure["action"]) == ("SEV2", "restart")
     assert failure["evidence"]["escalated_from"] == "reattempt"
 
@@ -93,15 +104,7 @@ async def test_noisy_healthy_ranks_are_not_stragglers(
 async def test_a_new_fault_after_a_recovery_that_trained_on_is_not_escalated(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
 ) -> None:
-    await cluster.add_node("node-0")
-    earlier = FailureRecord(
-        failure_id="job-p:1", generation=1, kind="exception", category="connection_reset",
-        severity="SEV3", action="reattempt", observed_at=now() - 5, rank=0, node_id="node-0",
-        step=40,
-    )  # fmt: skip
     # Generation 2 recovered and did 15 steps: its recovery worked.
-    await cluster.add_job("job-p", ["node-0"] * 2, generation=2, last_failure=earlier, step=55)
-    await bus.publish_report(reset_by_peer("job-p", 1, "node-0", gen=2))
-    failure = (await next_event(events, "failure.detected")).data
+    failure = await reset_after_a_reattempt(cluster, bus, events, "job-p", steps_since=15)
     assert (failure["severity"], failure["action"]) == ("SEV3", "reattempt")
     assert "escalated_from" not in failure["evidence"]
