@@ -45,9 +45,6 @@ def _lifespan(settings: ApiSettings) -> Any:
             for close in (bus.close, store.close):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
-            if not bus.nc.is_closed:  # drain refuses while reconnecting; stop that loop too
-                with contextlib.suppress(Exception):
-                    await bus.nc.close()
 
     return lifespan
 

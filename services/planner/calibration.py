@@ -158,8 +158,20 @@ class CalibrationStore:
 
     async def load(self) -> Calibration:
         """Everything measured so far, rounded (see the module docstring)."""
+        return (await self._read())[0]
+
+    async def snapshot(self) -> Calibration:
+        """:meth:`load`, also stored as the record the API exports (planning passes call this)."""
+        calibration, samples = await self._read()
+        record = record_of(calibration, samples, at=now())
+        await self.redis.set(CALIBRATION_KEY, record.model_dump_json())
+        return calibration
+
+    async def _read(self) -> tuple[Calibration, dict[str, int]]:
+        """The calibration, and how many measured transitions each kind's factor folds in."""
         jobs = await self.redis.hgetall(self.jobs_key)
         kinds = await self.redis.hgetall(self.kinds_key)
+        samples = {str(k): int(json.loads(v).get("samples", 0)) for k, v in kinds.items()}
         slowdown = sorted((str(j), two_digits(json.loads(v)["slowdown"])) for j, v in jobs.items())
         factors = sorted(
             (TransitionKind(k), two_digits(json.loads(v)["factor"]))
@@ -168,13 +180,4 @@ class CalibrationStore:
         )
         counts = await self._counts()
         rate = self.rate(counts.get("failures", 0.0), counts.get("gpu_h", 0.0))
-        return Calibration(tuple(slowdown), tuple(factors), two_digits(rate))
-
-    async def snapshot(self) -> Calibration:
-        """:meth:`load`, also stored as the record the API exports (planning passes call this)."""
-        calibration = await self.load()
-        kinds = await self.redis.hgetall(self.kinds_key)
-        samples = {str(k): int(json.loads(v).get("samples", 0)) for k, v in kinds.items()}
-        record = record_of(calibration, samples, at=now())
-        await self.redis.set(CALIBRATION_KEY, record.model_dump_json())
-        return calibration
+        return Calibration(tuple(slowdown), tuple(factors), two_digits(rate)), samples

@@ -129,7 +129,8 @@ class ModelledDowntime:
         )
         launched = c.launch_s + c.reform_s + transfer
         # A restart replaces the failed rank of a running job: the node's warm spare takes it.
-        replaced = launched if c.spare_s is None else launched - c.launch_s + c.spare_s
+        seated = c.launch_s if c.spare_s is None else c.spare_s
+        replaced = seated + c.reform_s + transfer
         by_kind = {
             TransitionKind.START: np.full(kinds.shape, c.launch_s),
             TransitionKind.RESUME: c.launch_s + transfer,
