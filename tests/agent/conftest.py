@@ -142,15 +142,21 @@ class Inbox:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[object] = asyncio.Queue()
         self.seen: list[object] = []
+        self.unclaimed: list[object] = []  # arrived while another kind was awaited
 
     async def put(self, item: object) -> None:
         self.seen.append(item)
         await self.queue.put(item)
 
     async def next(self, match: Callable[[object], bool], within: float = 10.0) -> object:
+        """The oldest matching message not yet returned. Messages from different sources (a
+        worker's reports, the agent's own) may arrive in either order, so none is discarded."""
+        for index, item in enumerate(self.unclaimed):
+            if match(item):
+                return self.unclaimed.pop(index)
         async with asyncio.timeout(within):
             while not match(item := await self.queue.get()):
-                pass
+                self.unclaimed.append(item)
             return item
 
     async def report(self, cls: type[T], within: float = 10.0, **fields: object) -> T:
