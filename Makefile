@@ -31,7 +31,7 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared services trainer cli bench simulator
+	$(BIN)/mypy unicron bench
 
 bench-detect: $(STAMP)
 	$(BIN)/python bench/detect.py

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from cli.stack import Stack, StackConfig
-from shared.bus import Bus, parse_event
-from shared.events import CloudEvent
-from shared.procs import free_port
+from unicron.cli.stack import Stack, StackConfig
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.events import CloudEvent
+from unicron.shared.procs import free_port
 
 # Drills fail nodes on purpose: keep them from being quarantined, jobs from giving up, and the
 # planner from learning a failure rate of one a minute (which rightly stops it growing jobs).

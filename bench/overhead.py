@@ -36,16 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from shared.messages import Rendezvous, WorkerLaunch
-from shared.models import JobSpec
-from shared.procs import die_with_parent, free_port
-from shared.reports import WorkerHello
-from trainer.channel import AgentChannel
-from trainer.faults import FaultInbox
-from trainer.loop import StepMonitor, Trainee, run_step
-from trainer.model import build_model
-from trainer.parallel import make_optimizer
-from trainer.runtime import RuntimeOptions, join_process_group
+from unicron.shared.messages import Rendezvous, WorkerLaunch
+from unicron.shared.models import JobSpec
+from unicron.shared.procs import die_with_parent, free_port
+from unicron.shared.reports import WorkerHello
+from unicron.trainer.channel import AgentChannel
+from unicron.trainer.faults import FaultInbox
+from unicron.trainer.loop import StepMonitor, Trainee, run_step
+from unicron.trainer.model import build_model
+from unicron.trainer.parallel import make_optimizer
+from unicron.trainer.runtime import RuntimeOptions, join_process_group
 
 WARMUP = 5
 LINES_PER_STEP = 3  # phase compute, phase collective, step completed

@@ -28,12 +28,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from services.planner.api import Calibration, ClusterInputs, JobDemand, JobView, NodeView
-from services.planner.planning import plan_cluster
-from services.planner.settings import LLAMA3_FAILURES_PER_GPU_H as RATE
-from services.planner.settings import PlannerSettings
-from services.planner.spec import ModelShape
-from shared.models import JobState
+from unicron.services.planner.api import Calibration, ClusterInputs, JobDemand, JobView, NodeView
+from unicron.services.planner.planning import plan_cluster
+from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H as RATE
+from unicron.services.planner.settings import PlannerSettings
+from unicron.services.planner.spec import ModelShape
+from unicron.shared.models import JobState
 
 JOBS = (8, 32, 128)
 GPUS = (128, 1024, 4096)

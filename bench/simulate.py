@@ -38,10 +38,10 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from simulator.metrics import ratio
-from simulator.policies import BASELINES, NAMES
-from simulator.runner import run_all
-from simulator.scenario import Inputs, generated_scenario, load_inputs
+from unicron.simulator.metrics import ratio
+from unicron.simulator.policies import BASELINES, NAMES
+from unicron.simulator.runner import run_all
+from unicron.simulator.scenario import Inputs, generated_scenario, load_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 RATES = (2.2e-5, 1.6e-3, 5e-3, 1.5e-2)

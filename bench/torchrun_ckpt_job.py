@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 
 from bench.torchrun_job import mark
-from shared.models import JobSpec, ModelConfig
-from trainer import checkpoint
-from trainer.model import build_model
-from trainer.parallel import make_optimizer, train_step
+from unicron.shared.models import JobSpec, ModelConfig
+from unicron.trainer import checkpoint
+from unicron.trainer.model import build_model
+from unicron.trainer.parallel import make_optimizer, train_step
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from shared.models import JobSpec, ModelConfig
-from trainer.model import build_model
-from trainer.parallel import make_optimizer, train_step
+from unicron.shared.models import JobSpec, ModelConfig
+from unicron.trainer.model import build_model
+from unicron.trainer.parallel import make_optimizer, train_step
 
 
 def mark(path: str, **fields: object) -> None:

@@ -15,9 +15,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cli.client import DEFAULT_API_URL
-from cli.common import EXIT_REFUSED, ApiUrl, api, console, fail
-from shared.calibration import CalibrationRecord
+from unicron.cli.client import DEFAULT_API_URL
+from unicron.cli.common import EXIT_REFUSED, ApiUrl, api, console, fail
+from unicron.shared.calibration import CalibrationRecord
 
 
 def calibration_table(record: CalibrationRecord) -> Table:

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
-from shared.calibration import CalibrationRecord
-from shared.events import CloudEvent
-from shared.models import Job, NodeRecord
+from unicron.shared.calibration import CalibrationRecord
+from unicron.shared.events import CloudEvent
+from unicron.shared.models import Job, NodeRecord
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 # A followed event stream carries a ping every 15 s; four missed pings mean the server is gone.

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from cli.client import DEFAULT_API_URL, ApiUnreachable
-from cli.common import EXIT_UNAVAILABLE, ApiUrl, api, console, fail
-from cli.render import event_line, nodes_table
+from unicron.cli.client import DEFAULT_API_URL, ApiUnreachable
+from unicron.cli.common import EXIT_UNAVAILABLE, ApiUrl, api, console, fail
+from unicron.cli.render import event_line, nodes_table
 
 
 def nodes(api_url: ApiUrl = DEFAULT_API_URL) -> None:

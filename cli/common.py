@@ -15,7 +15,7 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 
-from cli.client import ApiClient, ApiError, ApiUnreachable
+from unicron.cli.client import ApiClient, ApiError, ApiUnreachable
 
 EXIT_JOB_UNSUCCESSFUL = 1
 EXIT_REFUSED = 2

@@ -22,8 +22,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.stack import Stack, StackConfig
-from shared.procs import free_port
+from unicron.cli.stack import Stack, StackConfig
+from unicron.shared.procs import free_port
 
 console = Console(highlight=False)
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from cli.client import DEFAULT_API_URL
-from cli.common import ApiUrl, api, console
-from shared.messages import FaultKind
+from unicron.cli.client import DEFAULT_API_URL
+from unicron.cli.common import ApiUrl, api, console
+from unicron.shared.messages import FaultKind
 
 
 def describe(accepted: dict[str, Any]) -> Text:

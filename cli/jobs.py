@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from cli.client import DEFAULT_API_URL, ApiClient
-from cli.common import EXIT_JOB_UNSUCCESSFUL, EXIT_REFUSED, ApiUrl, api, console, fail
-from cli.render import history_line, job_detail, jobs_table, state_text
-from shared.models import Job, JobState
+from unicron.cli.client import DEFAULT_API_URL, ApiClient
+from unicron.cli.common import EXIT_JOB_UNSUCCESSFUL, EXIT_REFUSED, ApiUrl, api, console, fail
+from unicron.cli.render import history_line, job_detail, jobs_table, state_text
+from unicron.shared.models import Job, JobState
 
 # Option name on the command line → JobSpec field.
 SPEC_OPTIONS = {

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from cli.calibration import calibration
-from cli.cluster import events, nodes
-from cli.common import global_options
-from cli.demo import demo
-from cli.faults import fault
-from cli.jobs import cancel, status, submit
-from cli.plan import plan
-from cli.simulate import simulate
-from cli.stack import up
+from unicron.cli.calibration import calibration
+from unicron.cli.cluster import events, nodes
+from unicron.cli.common import global_options
+from unicron.cli.demo import demo
+from unicron.cli.faults import fault
+from unicron.cli.jobs import cancel, status, submit
+from unicron.cli.plan import plan
+from unicron.cli.simulate import simulate
+from unicron.cli.stack import up
 
 app = typer.Typer(
     name="unicron",

@@ -18,9 +18,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
-from cli.common import ApiUrl, api, console
-from shared.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
+from unicron.cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
+from unicron.cli.common import ApiUrl, api, console
+from unicron.shared.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
 
 QUIET_ACTIONS = ("keep", "wait")
 

@@ -14,8 +14,8 @@ from rich.console import Group
 from rich.table import Column, Table
 from rich.text import Text
 
-from shared.events import CloudEvent
-from shared.models import HistoryEntry, Job, JobState, NodeRecord, NodeState
+from unicron.shared.events import CloudEvent
+from unicron.shared.models import HistoryEntry, Job, JobState, NodeRecord, NodeState
 
 STATE_STYLES = {
     JobState.PENDING: "yellow",

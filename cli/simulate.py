@@ -20,13 +20,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
-from simulator.inputs import InputError
-from simulator.plots import plot_gpus, plot_waf
-from simulator.policies import NAMES
-from simulator.runner import run_all
-from simulator.scenario import Options, build_scenario, parse_throughput
-from simulator.trace import write_trace
+from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
+from unicron.simulator.inputs import InputError
+from unicron.simulator.plots import plot_gpus, plot_waf
+from unicron.simulator.policies import NAMES
+from unicron.simulator.runner import run_all
+from unicron.simulator.scenario import Options, build_scenario, parse_throughput
+from unicron.simulator.trace import write_trace
 
 EXIT_REFUSED = 2
 FileArg = Annotated[Path, typer.Option(exists=False, dir_okay=False, show_default=False)]

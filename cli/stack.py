@@ -19,11 +19,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared.embedded import EmbeddedServer, start_nats, start_redis
-from shared.procs import die_with_parent
+from unicron.shared.embedded import EmbeddedServer, start_nats, start_redis
+from unicron.shared.procs import die_with_parent
 
-SERVICE_MODULES = ("services.api", "services.detector", "services.planner", "services.executor")
-AGENT_MODULE = "services.agent"
+SERVICE_MODULES = (
+    "unicron.services.api",
+    "unicron.services.detector",
+    "unicron.services.planner",
+    "unicron.services.executor",
+)
+AGENT_MODULE = "unicron.services.agent"
 
 
 @dataclass

@@ -21,10 +21,10 @@ from nats.js.errors import BadRequestError
 from pydantic import ValidationError
 from tenacity import retry, stop_after_delay, wait_exponential
 
-from shared.events import CloudEvent, EventData
-from shared.logging import get_logger
-from shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
-from shared.reports import AnyWorkerReport, report_id, report_subject
+from unicron.shared.events import CloudEvent, EventData
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
+from unicron.shared.reports import AnyWorkerReport, report_id, report_subject
 
 T = TypeVar("T")
 log = get_logger(component="bus")

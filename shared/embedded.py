@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.procs import die_with_parent, free_port, port_open
+from unicron.shared.procs import die_with_parent, free_port, port_open
 
 
 class EmbeddedServerError(RuntimeError):

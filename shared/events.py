@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.models import Job, JobSpec, JobState, NodeState, PlanAction, new_id, now
-from shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.models import Job, JobSpec, JobState, NodeState, PlanAction, new_id, now
+from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 EVENT_SUBJECT_PREFIX = "unicron.events."
 

@@ -24,7 +24,7 @@ from enum import Enum
 
 import redis.asyncio as aioredis
 
-from shared.logging import get_logger
+from unicron.shared.logging import get_logger
 
 # KEYS[1] lease, KEYS[2] epoch; ARGV[1] holder, ARGV[2] ttl ms. Returns the epoch, or 0.
 _ACQUIRE = """

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from shared.models import JobSpec, new_id, now
+from unicron.shared.models import JobSpec, new_id, now
 
 COMMAND_SUBJECT_PREFIX = "unicron.commands.agent."
 DEADLETTER_SUBJECT = "unicron.deadletter"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from shared.models import PlanAction, new_id, now
+from unicron.shared.models import PlanAction, new_id, now
 
 
 class ParallelConfig(BaseModel):

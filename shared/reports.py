@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from shared.messages import Message
-from shared.models import now
+from unicron.shared.messages import Message
+from unicron.shared.models import now
 
 REPORT_SUBJECT_PREFIX = "unicron.reports."
 

@@ -7,10 +7,10 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from shared.bus import Bus
-from shared.logging import configure_logging, get_logger
-from shared.settings import CommonSettings
-from shared.state import StateStore
+from unicron.shared.bus import Bus
+from unicron.shared.logging import configure_logging, get_logger
+from unicron.shared.settings import CommonSettings
+from unicron.shared.state import StateStore
 
 S = TypeVar("S", bound=CommonSettings)
 ServiceBody = Callable[[Bus, StateStore, asyncio.Event], Awaitable[None]]

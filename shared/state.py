@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from redis.exceptions import WatchError
 from tenacity import retry, stop_after_delay, wait_exponential
 
-from shared.models import Job, NodeRecord
-from shared.plans import Plan
+from unicron.shared.models import Job, NodeRecord
+from unicron.shared.plans import Plan
 
 M = TypeVar("M", bound=BaseModel)
 Mutation = Callable[[M], bool | None]

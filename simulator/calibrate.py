@@ -25,13 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from services.planner.api import Calibration, TransitionKind
-from services.planner.calibration import calibration_of
-from shared.calibration import CalibrationRecord
-from shared.taxonomy import FailureCategory
-from simulator.inputs import ClusterConfig, InputError, JobConfig, load_calibration
-from simulator.runner import Scenario, run_policy
-from simulator.trace import Failure
+from unicron.services.planner.api import Calibration, TransitionKind
+from unicron.services.planner.calibration import calibration_of
+from unicron.shared.calibration import CalibrationRecord
+from unicron.shared.taxonomy import FailureCategory
+from unicron.simulator.inputs import ClusterConfig, InputError, JobConfig, load_calibration
+from unicron.simulator.runner import Scenario, run_policy
+from unicron.simulator.trace import Failure
 
 CPU_CLUSTER = ClusterConfig(nodes=2, gpus_per_node=2, gpu="cpu")
 CPU_JOB = JobConfig("cpu-4", params_b=0.001, weight=1.0, min_gpus=2, max_gpus=4)

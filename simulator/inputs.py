@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.planner.api import Calibration
-from services.planner.calibration import calibration_of
-from services.planner.clusters import CLUSTERS
-from services.planner.spec import ClusterSpec
-from shared.calibration import CalibrationRecord
+from unicron.services.planner.api import Calibration
+from unicron.services.planner.calibration import calibration_of
+from unicron.services.planner.clusters import CLUSTERS
+from unicron.services.planner.spec import ClusterSpec
+from unicron.shared.calibration import CalibrationRecord
 
 
 class InputError(ValueError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulator.state import Simulation
+from unicron.simulator.state import Simulation
 
 
 @dataclass

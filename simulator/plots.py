@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
 
-from simulator.metrics import Timeline
+from unicron.simulator.metrics import Timeline
 
 DAY = 86400.0
 

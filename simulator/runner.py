@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.planner.api import Calibration
-from simulator.events import Kind
-from simulator.inputs import ClusterConfig, JobConfig
-from simulator.metrics import Timeline, policy_summary, ratio
-from simulator.policies import make_policy
-from simulator.state import Simulation
-from simulator.trace import Failure
+from unicron.services.planner.api import Calibration
+from unicron.simulator.events import Kind
+from unicron.simulator.inputs import ClusterConfig, JobConfig
+from unicron.simulator.metrics import Timeline, policy_summary, ratio
+from unicron.simulator.policies import make_policy
+from unicron.simulator.state import Simulation
+from unicron.simulator.trace import Failure
 
 Progress = Callable[[str, float], None]  # (policy, simulated seconds done)
 

@@ -15,12 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from services.planner.api import Calibration
-from services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
-from simulator.inputs import ClusterConfig, JobConfig, load_calibration, load_cluster, load_jobs
-from simulator.policies import NAMES
-from simulator.runner import Scenario
-from simulator.trace import Failure, generate_trace, load_trace
+from unicron.services.planner.api import Calibration
+from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
+from unicron.simulator.inputs import (
+    ClusterConfig,
+    JobConfig,
+    load_calibration,
+    load_cluster,
+    load_jobs,
+)
+from unicron.simulator.policies import NAMES
+from unicron.simulator.runner import Scenario
+from unicron.simulator.trace import Failure, generate_trace, load_trace
 
 
 @dataclass(frozen=True)

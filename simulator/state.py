@@ -14,13 +14,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from simulator.cluster import ClusterState
-from simulator.events import EventQueue, Kind
-from simulator.inputs import ClusterConfig, JobConfig
-from simulator.workload import Speeds
+from unicron.simulator.cluster import ClusterState
+from unicron.simulator.events import EventQueue, Kind
+from unicron.simulator.inputs import ClusterConfig, JobConfig
+from unicron.simulator.workload import Speeds
 
 if TYPE_CHECKING:
-    from simulator.policies.base import Policy
+    from unicron.simulator.policies.base import Policy
 
 
 @dataclass

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.taxonomy import FailureCategory, Severity, severity_of
-from simulator.inputs import InputError
+from unicron.shared.taxonomy import FailureCategory, Severity, severity_of
+from unicron.simulator.inputs import InputError
 
 C = FailureCategory
 # Share (percent) of the paper's largest jobs that ended with each error (DESIGN.md §3).

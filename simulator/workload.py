@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.planner.api import Curve, JobDemand, ThroughputModel
-from services.planner.spec import DEFAULT_SHAPE, ModelShape
-from simulator.inputs import JobConfig
+from unicron.services.planner.api import Curve, JobDemand, ThroughputModel
+from unicron.services.planner.spec import DEFAULT_SHAPE, ModelShape
+from unicron.simulator.inputs import JobConfig
 
 GPT3: tuple[tuple[float, ModelShape, int], ...] = (
     (0.35, ModelShape(24, 16, 1024, 2048, 51200), 256),

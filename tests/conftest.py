@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.bus import Bus
-from shared.embedded import EmbeddedServer, start_nats, start_redis
-from shared.state import StateStore
+from unicron.shared.bus import Bus
+from unicron.shared.embedded import EmbeddedServer, start_nats, start_redis
+from unicron.shared.state import StateStore
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from cli.stack import AGENT_MODULE, SERVICE_MODULES
+from unicron.cli.stack import AGENT_MODULE, SERVICE_MODULES
 
 COMPOSE = Path(__file__).resolve().parents[1] / "deploy" / "compose.yaml"
 
@@ -65,7 +65,7 @@ def test_compose_api_port_agrees_with_settings() -> None:
     api = _compose()["services"]["api"]
     port = api["environment"]["UNICRON_API_PORT"]
     assert api["ports"] == [f"127.0.0.1:{port}:{port}"]
-    assert str(_settings_class("services.api")().api_port) == port == "8080"
+    assert str(_settings_class("unicron.services.api")().api_port) == port == "8080"
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.bus import Bus, parse_event
-from shared.events import CloudEvent, JobSubmitted
-from shared.messages import DeadLetter
-from shared.models import Job, JobSpec
-from shared.state import StateStore
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.events import CloudEvent, JobSubmitted
+from unicron.shared.messages import DeadLetter
+from unicron.shared.models import Job, JobSpec
+from unicron.shared.state import StateStore
 
 
 async def _collect(bus: Bus, subject: str, durable: str) -> asyncio.Queue[CloudEvent]:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from shared.logging import get_logger
+from unicron.shared.logging import get_logger
 
 log = get_logger(component="trainer.channel")
 

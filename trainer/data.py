@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from shared.models import ModelConfig
+from unicron.shared.models import ModelConfig
 
 # Successors per token: few enough that the chain has structure worth learning.
 BRANCHING = 4

@@ -28,12 +28,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from shared.logging import get_logger
-from shared.messages import RegroupDirective, WorkerLaunch
-from shared.reports import WorkerHello, WorkerRegrouped
-from trainer.channel import AgentChannel
-from trainer.faults import FaultInbox
-from trainer.handoff import (
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import RegroupDirective, WorkerLaunch
+from unicron.shared.reports import WorkerHello, WorkerRegrouped
+from unicron.trainer.channel import AgentChannel
+from unicron.trainer.faults import FaultInbox
+from unicron.trainer.handoff import (
     Handoff,
     Replica,
     StateSource,
@@ -41,11 +41,11 @@ from trainer.handoff import (
     hand_off,
     resume_from_disk,
 )
-from trainer.ledger import Ledger
-from trainer.loop import StepMonitor, Trainee, run_step
-from trainer.model import build_model
-from trainer.parallel import StepInterrupted, make_optimizer
-from trainer.regroup import PendingRegroup, RegroupInbox, is_peer_failure
+from unicron.trainer.ledger import Ledger
+from unicron.trainer.loop import StepMonitor, Trainee, run_step
+from unicron.trainer.model import build_model
+from unicron.trainer.parallel import StepInterrupted, make_optimizer
+from unicron.trainer.regroup import PendingRegroup, RegroupInbox, is_peer_failure
 
 log = get_logger(component="trainer.elastic")
 

@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from shared.logging import get_logger
-from shared.messages import FaultDirective, FaultKind, FaultSpec
-from trainer.channel import Directive
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import FaultDirective, FaultKind, FaultSpec
+from unicron.trainer.channel import Directive
 
 log = get_logger(component="trainer.faults")
 

@@ -25,10 +25,10 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from shared.logging import get_logger
-from trainer import checkpoint
-from trainer.model import GPT
-from trainer.parallel import StepWork
+from unicron.shared.logging import get_logger
+from unicron.trainer import checkpoint
+from unicron.trainer.model import GPT
+from unicron.trainer.parallel import StepWork
 
 log = get_logger(component="trainer.handoff")
 

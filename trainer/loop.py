@@ -24,14 +24,14 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from shared.messages import WorkerLaunch
-from shared.reports import StepCompleted, WorkerPhase
-from trainer import checkpoint
-from trainer.channel import AgentChannel
-from trainer.faults import FaultInbox, FaultInjector
-from trainer.ledger import Ledger, LedgerEntry
-from trainer.model import GPT
-from trainer.parallel import StepWork, new_work, train_step
+from unicron.shared.messages import WorkerLaunch
+from unicron.shared.reports import StepCompleted, WorkerPhase
+from unicron.trainer import checkpoint
+from unicron.trainer.channel import AgentChannel
+from unicron.trainer.faults import FaultInbox, FaultInjector
+from unicron.trainer.ledger import Ledger, LedgerEntry
+from unicron.trainer.model import GPT
+from unicron.trainer.parallel import StepWork, new_work, train_step
 
 Phase = Literal["compute", "collective", "checkpoint"]
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shared.models import ModelConfig
-from trainer.data import derive_seed
+from unicron.shared.models import ModelConfig
+from unicron.trainer.data import derive_seed
 
 _INIT_STD = 0.02
 

@@ -20,9 +20,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from shared.models import JobSpec
-from trainer.data import micro_batch
-from trainer.model import GPT
+from unicron.shared.models import JobSpec
+from unicron.trainer.data import micro_batch
+from unicron.trainer.model import GPT
 
 # Fixed by design: the reference trainer has no schedule so resumed runs need no extra state.
 LEARNING_RATE = 3e-3

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from shared.logging import get_logger
-from shared.messages import RegroupDirective
-from shared.taxonomy import FailureCategory
-from trainer.channel import Directive
-from trainer.classify import classify
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import RegroupDirective
+from unicron.shared.taxonomy import FailureCategory
+from unicron.trainer.channel import Directive
+from unicron.trainer.classify import classify
 
 log = get_logger(component="trainer.regroup")
 

@@ -24,16 +24,16 @@ import torch.distributed as dist
 # torch re-exports the stores from its C extension without listing them for type checkers.
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
-from shared.logging import get_logger
-from shared.messages import WorkerLaunch
-from shared.reports import WorkerException, WorkerHello
-from trainer.channel import AgentChannel, Directive
-from trainer.classify import classify, describe_chain
-from trainer.elastic import ElasticRank, ParkExpired
-from trainer.faults import FaultInbox
-from trainer.handoff import Replica
-from trainer.model import GPT
-from trainer.regroup import RegroupInbox, park_timeout_from_env
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import WorkerLaunch
+from unicron.shared.reports import WorkerException, WorkerHello
+from unicron.trainer.channel import AgentChannel, Directive
+from unicron.trainer.classify import classify, describe_chain
+from unicron.trainer.elastic import ElasticRank, ParkExpired
+from unicron.trainer.faults import FaultInbox
+from unicron.trainer.handoff import Replica
+from unicron.trainer.model import GPT
+from unicron.trainer.regroup import RegroupInbox, park_timeout_from_env
 
 log = get_logger(component="trainer.runtime")
 

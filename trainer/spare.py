@@ -23,9 +23,9 @@ import time
 
 from pydantic import ValidationError
 
-from shared.logging import get_logger
-from shared.messages import WorkerLaunch
-from shared.reports import WorkerHello
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import WorkerLaunch
+from unicron.shared.reports import WorkerHello
 
 log = get_logger(component="trainer.spare")
 
@@ -38,7 +38,7 @@ def warm_up() -> None:
     """Import what every worker needs before its first step, so a launch starts at once."""
     import torch
 
-    import trainer.runtime  # noqa: F401
+    import unicron.trainer.runtime  # noqa: F401
 
     # The first optimizer imports most of torch's compiler stack (~800 modules, seconds);
     # one step on a throwaway scalar does that now instead of after the launch.

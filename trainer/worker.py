@@ -15,8 +15,8 @@ import sys
 
 from pydantic import ValidationError
 
-from shared.logging import configure_logging
-from shared.messages import WorkerLaunch
+from unicron.shared.logging import configure_logging
+from unicron.shared.messages import WorkerLaunch
 
 LAUNCH_ENV = "UNICRON_WORKER_LAUNCH"
 
@@ -52,16 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_LAUNCH
     configure_logging(f"trainer.rank{launch.rank}")
     # Imported only now so that a bad launch fails fast, without loading torch.
-    from trainer.runtime import run
+    from unicron.trainer.runtime import run
 
     return run(launch)
 
 
 def spare_main() -> int:
     """A warm spare: load torch now, wait for a launch, then run it (see trainer.spare)."""
-    from trainer import spare
+    from unicron.trainer import spare
 
-    configure_logging("trainer.spare")
+    configure_logging("unicron.trainer.spare")
     path = os.environ.get(spare.AGENT_SOCKET_ENV)
     if not path:
         print(f"trainer.worker: {spare.AGENT_SOCKET_ENV} is not set for a spare", file=sys.stderr)
@@ -75,7 +75,7 @@ def spare_main() -> int:
     if launch is None:
         return EXIT_OK  # released by the agent
     configure_logging(f"trainer.rank{launch.rank}")
-    from trainer.runtime import run
+    from unicron.trainer.runtime import run
 
     return run(launch)
 

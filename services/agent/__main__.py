@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 
-from services.agent.agent import run
-from services.agent.settings import AgentSettings
-from shared.service import run_service
+from unicron.services.agent.agent import run
+from unicron.services.agent.settings import AgentSettings
+from unicron.shared.service import run_service
 
 
 def main() -> None:

@@ -17,21 +17,21 @@ import uuid
 import structlog
 from nats.aio.msg import Msg
 
-from services.agent.channel import WorkerChannel
-from services.agent.faults import FaultInjector
-from services.agent.gpus import SlotPool, visible_devices
-from services.agent.hang import HangWatch
-from services.agent.outbox import Outbox
-from services.agent.registry import build_registry
-from services.agent.regroup import Regrouper
-from services.agent.settings import AgentSettings
-from services.agent.spares import SparePool
-from services.agent.store import RendezvousStore
-from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from shared.bus import Bus
-from shared.events import NodeJoined
-from shared.logging import get_logger
-from shared.messages import (
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.faults import FaultInjector
+from unicron.services.agent.gpus import SlotPool, visible_devices
+from unicron.services.agent.hang import HangWatch
+from unicron.services.agent.outbox import Outbox
+from unicron.services.agent.registry import build_registry
+from unicron.services.agent.regroup import Regrouper
+from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.spares import SparePool
+from unicron.services.agent.store import RendezvousStore
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from unicron.shared.bus import Bus
+from unicron.shared.events import NodeJoined
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import (
     AGENT_COMMAND,
     AnyAgentCommand,
     InjectFault,
@@ -41,8 +41,8 @@ from shared.messages import (
     command_subject,
     ping_subject,
 )
-from shared.models import NodeRecord, NodeState, now
-from shared.state import StateStore
+from unicron.shared.models import NodeRecord, NodeState, now
+from unicron.shared.state import StateStore
 
 log = get_logger(component="agent")
 SPARE_TRAINER = "gpt"  # spares are pre-started for this trainer's entrypoint

@@ -24,10 +24,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.agent.outbox import Report, Sink
-from services.agent.supervisor import WorkerKey
-from shared.logging import get_logger
-from shared.reports import (
+from unicron.services.agent.outbox import Report, Sink
+from unicron.services.agent.supervisor import WorkerKey
+from unicron.shared.logging import get_logger
+from unicron.shared.reports import (
     WORKER_REPORT,
     WorkerExited,
     WorkerHello,

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from services.agent.channel import WorkerChannel
-from services.agent.supervisor import CommandRejectedError, Supervisor, Worker, WorkerKey
-from shared.logging import get_logger
-from shared.messages import FaultDirective, FaultKind, InjectFault
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker, WorkerKey
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import FaultDirective, FaultKind, InjectFault
 
 log = get_logger(component="faults")
 REMEMBERED = 1024  # command ids kept to drop a redelivered drill

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from shared.logging import get_logger
+from unicron.shared.logging import get_logger
 
 log = get_logger(component="gpus")
 

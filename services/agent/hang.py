@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.agent.outbox import Report, Sink
-from services.agent.settings import AgentSettings
-from services.agent.supervisor import Worker, WorkerKey
-from shared.logging import get_logger
-from shared.reports import StepCompleted, WorkerHung, WorkerPhase
+from unicron.services.agent.outbox import Report, Sink
+from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.supervisor import Worker, WorkerKey
+from unicron.shared.logging import get_logger
+from unicron.shared.reports import StepCompleted, WorkerHung, WorkerPhase
 
 log = get_logger(component="hang")
 Clock = Callable[[], float]

@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from shared.bus import Bus
-from shared.events import EventData
-from shared.logging import get_logger
-from shared.reports import AnyWorkerReport, StepCompleted
+from unicron.shared.bus import Bus
+from unicron.shared.events import EventData
+from unicron.shared.logging import get_logger
+from unicron.shared.reports import AnyWorkerReport, StepCompleted
 
 Report = AnyWorkerReport
 log = get_logger(component="outbox")

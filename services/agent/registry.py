@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 
-DEFAULT_ENTRYPOINTS: dict[str, str] = {"gpt": "trainer.worker"}
+DEFAULT_ENTRYPOINTS: dict[str, str] = {"gpt": "unicron.trainer.worker"}
 
 # A dotted python module path, so a registered value can never smuggle in an argument or flag.
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from services.agent.channel import WorkerChannel
-from services.agent.supervisor import CommandRejectedError, Supervisor, Worker, WorkerKey
-from shared.logging import get_logger
-from shared.messages import RegroupWorker
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker, WorkerKey
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import RegroupWorker
 
 log = get_logger(component="regroup")
 REMEMBERED = 4096  # regroups kept to drop a redelivered command

@@ -14,7 +14,7 @@ import socket
 
 from pydantic import Field, field_validator
 
-from shared.settings import CommonSettings
+from unicron.shared.settings import CommonSettings
 
 # A node id is one NATS subject token and part of Redis keys: no dots, wildcards or spaces.
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")

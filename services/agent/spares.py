@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.agent.channel import WorkerChannel
-from services.agent.gpus import SlotPool
-from services.agent.supervisor import WorkerKey, kill_group
-from shared.logging import get_logger
-from shared.messages import WorkerLaunch
-from shared.procs import die_with_parent
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.gpus import SlotPool
+from unicron.services.agent.supervisor import WorkerKey, kill_group
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import WorkerLaunch
+from unicron.shared.procs import die_with_parent
 
 log = get_logger(component="spares")
 # A warming spare (importing torch) must not slow the node's workers: it runs at this niceness

@@ -12,7 +12,7 @@ import asyncio
 import socket
 from typing import TYPE_CHECKING
 
-from shared.logging import get_logger
+from unicron.shared.logging import get_logger
 
 if TYPE_CHECKING:
     # torch defines TCPStore in a C extension and does not list it in torch.distributed's

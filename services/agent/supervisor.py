@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from services.agent.gpus import SlotPool
-from services.agent.outbox import Sink
-from services.agent.registry import EntrypointRegistry, UnknownTrainerError
-from shared.logging import get_logger
-from shared.messages import StartWorker, StopWorkers, WorkerLaunch
-from shared.procs import die_with_parent
-from shared.reports import WorkerExited, WorkerStarted
+from unicron.services.agent.gpus import SlotPool
+from unicron.services.agent.outbox import Sink
+from unicron.services.agent.registry import EntrypointRegistry, UnknownTrainerError
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import StartWorker, StopWorkers, WorkerLaunch
+from unicron.shared.procs import die_with_parent
+from unicron.shared.reports import WorkerExited, WorkerStarted
 
 if TYPE_CHECKING:
-    from services.agent.spares import SparePool
+    from unicron.services.agent.spares import SparePool
 
 log = get_logger(component="supervisor")
 # job ids become directory names: refuse anything that could climb out of the log directory.

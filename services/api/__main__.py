@@ -7,8 +7,8 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
-from services.api.settings import ApiSettings
-from shared.logging import configure_logging, get_logger
+from unicron.services.api.settings import ApiSettings
+from unicron.shared.logging import configure_logging, get_logger
 
 
 def load_settings() -> ApiSettings:
@@ -54,7 +54,7 @@ def main() -> None:
     configure_logging("api", settings.log_level, settings.log_format)
     # Imported only now: shared.logging.get_logger binds the configuration in force when a
     # module-level logger is created, so modules imported earlier would log unconfigured.
-    from services.api.app import create_app
+    from unicron.services.api.app import create_app
 
     check_bind(settings)
     uvicorn.run(

@@ -16,10 +16,10 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from services.api.deps import SettingsDep
-from services.api.settings import Role, TokenGrant
-from shared.logging import get_logger
-from shared.models import Job
+from unicron.services.api.deps import SettingsDep
+from unicron.services.api.settings import Role, TokenGrant
+from unicron.shared.logging import get_logger
+from unicron.shared.models import Job
 
 log = get_logger(component="api.access")
 # auto_error=False: a missing or non-bearer header must give our 401 with WWW-Authenticate,

@@ -15,13 +15,13 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from services.api.access import authenticate
-from services.api.metrics import ApiMetrics, MetricsMiddleware
-from services.api.routes import calibration, events, faults, health, jobs, nodes, plans
-from services.api.settings import ApiSettings
-from shared.bus import Bus
-from shared.logging import get_logger
-from shared.state import StateStore
+from unicron.services.api.access import authenticate
+from unicron.services.api.metrics import ApiMetrics, MetricsMiddleware
+from unicron.services.api.routes import calibration, events, faults, health, jobs, nodes, plans
+from unicron.services.api.settings import ApiSettings
+from unicron.shared.bus import Bus
+from unicron.shared.logging import get_logger
+from unicron.shared.state import StateStore
 
 log = get_logger(component="api")
 CLOSE_TIMEOUT_S = 5.0

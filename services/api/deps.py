@@ -10,10 +10,10 @@ from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
-from services.api.metrics import ApiMetrics
-from services.api.settings import ApiSettings
-from shared.bus import Bus
-from shared.state import StateStore
+from unicron.services.api.metrics import ApiMetrics
+from unicron.services.api.settings import ApiSettings
+from unicron.shared.bus import Bus
+from unicron.shared.state import StateStore
 
 
 def get_bus(request: Request) -> Bus:

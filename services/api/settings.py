@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shared.settings import CommonSettings
+from unicron.shared.settings import CommonSettings
 
 Role = Literal["admin", "user"]
 # A bearer token is the whole secret: a short one can be guessed by trying.

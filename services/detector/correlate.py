@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from services.detector.signals import Candidate, root_cause
+from unicron.services.detector.signals import Candidate, root_cause
 
 Emit = Callable[[Candidate], Awaitable[None]]
 # Given the candidates so far, how many more seconds to wait for a root cause (0: none).

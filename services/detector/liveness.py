@@ -13,13 +13,13 @@ import asyncio
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from services.detector.settings import DetectorSettings
-from services.detector.signals import Candidate
-from shared.bus import Bus
-from shared.messages import ping_subject
-from shared.models import NodeState, WorkerState, now
-from shared.state import StateStore
-from shared.taxonomy import FailureKind
+from unicron.services.detector.settings import DetectorSettings
+from unicron.services.detector.signals import Candidate
+from unicron.shared.bus import Bus
+from unicron.shared.messages import ping_subject
+from unicron.shared.models import NodeState, WorkerState, now
+from unicron.shared.state import StateStore
+from unicron.shared.taxonomy import FailureKind
 
 
 class Liveness:

@@ -8,14 +8,14 @@ failed the same way.
 
 from __future__ import annotations
 
-from services.detector.correlate import Correlator
-from services.detector.signals import Candidate
-from shared.bus import Bus
-from shared.events import NodeLost
-from shared.logging import get_logger
-from shared.models import NodeRecord, NodeState, WorkerState, now
-from shared.state import StateStore
-from shared.taxonomy import FailureCategory, FailureKind
+from unicron.services.detector.correlate import Correlator
+from unicron.services.detector.signals import Candidate
+from unicron.shared.bus import Bus
+from unicron.shared.events import NodeLost
+from unicron.shared.logging import get_logger
+from unicron.shared.models import NodeRecord, NodeState, WorkerState, now
+from unicron.shared.state import StateStore
+from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 _LIVE_WORKER = (WorkerState.LAUNCHING, WorkerState.RUNNING)
 

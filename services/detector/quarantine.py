@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.detector.settings import DetectorSettings
-from shared.bus import Bus
-from shared.events import FailureDetected, NodeStateChanged
-from shared.logging import get_logger
-from shared.models import NodeRecord, NodeState, now
-from shared.state import StateStore
-from shared.taxonomy import FailureCategory, FailureKind
+from unicron.services.detector.settings import DetectorSettings
+from unicron.shared.bus import Bus
+from unicron.shared.events import FailureDetected, NodeStateChanged
+from unicron.shared.logging import get_logger
+from unicron.shared.models import NodeRecord, NodeState, now
+from unicron.shared.state import StateStore
+from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 _Mutation = Callable[[NodeRecord], bool]
 

@@ -10,15 +10,15 @@ failures (a straggler) are published and counted against the node, but leave the
 
 from __future__ import annotations
 
-from services.detector.quarantine import NodeHealth
-from services.detector.settings import DetectorSettings
-from services.detector.signals import Candidate
-from shared.bus import Bus
-from shared.events import FailureDetected, JobStateChanged
-from shared.logging import get_logger
-from shared.models import FailureRecord, Job, JobState
-from shared.state import StateStore
-from shared.taxonomy import RecoveryAction, Severity, escalate, severity_of
+from unicron.services.detector.quarantine import NodeHealth
+from unicron.services.detector.settings import DetectorSettings
+from unicron.services.detector.signals import Candidate
+from unicron.shared.bus import Bus
+from unicron.shared.events import FailureDetected, JobStateChanged
+from unicron.shared.logging import get_logger
+from unicron.shared.models import FailureRecord, Job, JobState
+from unicron.shared.state import StateStore
+from unicron.shared.taxonomy import RecoveryAction, Severity, escalate, severity_of
 
 
 def _already_recorded(job: Job, generation: int) -> bool:

@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from services.detector.correlate import Correlator
-from services.detector.liveness import Liveness
-from services.detector.nodes import NodeMonitor
-from services.detector.quarantine import NodeHealth
-from services.detector.record import FailureRecorder
-from services.detector.settings import DetectorSettings
-from services.detector.signals import Candidate, from_exception, from_exit, from_hang
-from services.detector.stragglers import StragglerWatch
-from shared.bus import Bus
-from shared.logging import get_logger
-from shared.models import JobState, WorkerState, now
-from shared.reports import (
+from unicron.services.detector.correlate import Correlator
+from unicron.services.detector.liveness import Liveness
+from unicron.services.detector.nodes import NodeMonitor
+from unicron.services.detector.quarantine import NodeHealth
+from unicron.services.detector.record import FailureRecorder
+from unicron.services.detector.settings import DetectorSettings
+from unicron.services.detector.signals import Candidate, from_exception, from_exit, from_hang
+from unicron.services.detector.stragglers import StragglerWatch
+from unicron.shared.bus import Bus
+from unicron.shared.logging import get_logger
+from unicron.shared.models import JobState, WorkerState, now
+from unicron.shared.reports import (
     REPORT_SUBJECT_PREFIX,
     WORKER_REPORT,
     AnyWorkerReport,
@@ -29,8 +29,8 @@ from shared.reports import (
     WorkerExited,
     WorkerHung,
 )
-from shared.state import StateStore
-from shared.taxonomy import FailureCategory, FailureKind
+from unicron.shared.state import StateStore
+from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 log = get_logger()
 CONSUMED_REPORTS = ("worker_exited", "worker_exception", "worker_hung", "step_completed")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.settings import CommonSettings
+from unicron.shared.settings import CommonSettings
 
 
 class DetectorSettings(CommonSettings):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.reports import WorkerException, WorkerExited, WorkerHung
-from shared.taxonomy import FailureCategory, FailureKind
+from unicron.shared.reports import WorkerException, WorkerExited, WorkerHung
+from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 # Categories that survivors of a peer's death report; never preferred over a real cause.
 SECONDARY_CATEGORIES = frozenset(

@@ -12,10 +12,10 @@ import statistics
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 
-from services.detector.settings import DetectorSettings
-from services.detector.signals import Candidate
-from shared.reports import StepCompleted
-from shared.taxonomy import FailureCategory, FailureKind
+from unicron.services.detector.settings import DetectorSettings
+from unicron.services.detector.signals import Candidate
+from unicron.shared.reports import StepCompleted
+from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 _Key = tuple[str, int]
 

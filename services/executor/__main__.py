@@ -1,8 +1,8 @@
 """``python -m services.executor``."""
 
-from services.executor.service import run
-from services.executor.settings import ExecutorSettings
-from shared.service import service_main
+from unicron.services.executor.service import run
+from unicron.services.executor.settings import ExecutorSettings
+from unicron.shared.service import service_main
 
 if __name__ == "__main__":
     service_main("executor", ExecutorSettings(), run)

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.bus import Bus
-from shared.messages import RegroupDirective, RegroupWorker, Rendezvous, StartWorker, StopWorkers
-from shared.models import Job, NodeRecord
+from unicron.shared.bus import Bus
+from unicron.shared.messages import (
+    RegroupDirective,
+    RegroupWorker,
+    Rendezvous,
+    StartWorker,
+    StopWorkers,
+)
+from unicron.shared.models import Job, NodeRecord
 
 
 class MissingNodeError(RuntimeError):

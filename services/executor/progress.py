@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from shared.bus import Bus
-from shared.events import JobStateChanged, TransitionCompleted
-from shared.logging import get_logger
-from shared.models import FailureRecord, Job, JobState, PlanAction, WorkerState
-from shared.reports import (
+from unicron.shared.bus import Bus
+from unicron.shared.events import JobStateChanged, TransitionCompleted
+from unicron.shared.logging import get_logger
+from unicron.shared.models import FailureRecord, Job, JobState, PlanAction, WorkerState
+from unicron.shared.reports import (
     AnyWorkerReport,
     StepCompleted,
     WorkerExited,
     WorkerRegrouped,
     WorkerStarted,
 )
-from shared.state import StateStore
+from unicron.shared.state import StateStore
 
 Report = AnyWorkerReport
 _TRANSITIONING = (JobState.STARTING, JobState.RECOVERING)

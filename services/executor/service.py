@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from services.executor.commands import send_starts
-from services.executor.progress import ProgressTracker
-from services.executor.settings import ExecutorSettings
-from services.executor.transitions import TransitionRunner
-from shared.bus import Bus, parse_event
-from shared.events import CloudEvent, FailureDetected, PlanCreated
-from shared.logging import get_logger
-from shared.models import JobState, WorkerState, now
-from shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
-from shared.state import StateStore
+from unicron.services.executor.commands import send_starts
+from unicron.services.executor.progress import ProgressTracker
+from unicron.services.executor.settings import ExecutorSettings
+from unicron.services.executor.transitions import TransitionRunner
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.events import CloudEvent, FailureDetected, PlanCreated
+from unicron.shared.logging import get_logger
+from unicron.shared.models import JobState, WorkerState, now
+from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from unicron.shared.state import StateStore
 
 log = get_logger()
 

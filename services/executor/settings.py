@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.settings import CommonSettings
+from unicron.shared.settings import CommonSettings
 
 
 class ExecutorSettings(CommonSettings):

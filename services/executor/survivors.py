@@ -10,7 +10,7 @@ from the survivor of the lowest new rank. A job whose rank finished the last ste
 
 from __future__ import annotations
 
-from shared.models import (
+from unicron.shared.models import (
     Job,
     JobState,
     NodeRecord,
@@ -19,7 +19,7 @@ from shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from shared.plans import JobAllocation
+from unicron.shared.plans import JobAllocation
 
 _IN_PLACE_ACTIONS = (PlanAction.RESTART, PlanAction.RESIZE)
 

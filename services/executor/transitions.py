@@ -18,14 +18,19 @@ is below the planner lease's current epoch is refused whole.
 
 from __future__ import annotations
 
-from services.executor.commands import MissingNodeError, send_regroups, send_starts, send_stops
-from services.executor.settings import ExecutorSettings
-from services.executor.survivors import finishing, in_place_workers
-from shared.bus import Bus
-from shared.events import JobStateChanged, TransitionStarted
-from shared.lease import PLANNER_LEASE, current_epoch
-from shared.logging import get_logger
-from shared.models import (
+from unicron.services.executor.commands import (
+    MissingNodeError,
+    send_regroups,
+    send_starts,
+    send_stops,
+)
+from unicron.services.executor.settings import ExecutorSettings
+from unicron.services.executor.survivors import finishing, in_place_workers
+from unicron.shared.bus import Bus
+from unicron.shared.events import JobStateChanged, TransitionStarted
+from unicron.shared.lease import PLANNER_LEASE, current_epoch
+from unicron.shared.logging import get_logger
+from unicron.shared.models import (
     HistoryEntry,
     Job,
     JobState,
@@ -35,8 +40,8 @@ from shared.models import (
     WorkerState,
     now,
 )
-from shared.plans import JobAllocation, Plan
-from shared.state import StateStore
+from unicron.shared.plans import JobAllocation, Plan
+from unicron.shared.state import StateStore
 
 _LAUNCHES = (PlanAction.START, PlanAction.RESTART, PlanAction.RESIZE)
 

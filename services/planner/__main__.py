@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.planner.service import planner_body
-from services.planner.settings import PlannerSettings
-from shared.service import run_service
+from unicron.services.planner.service import planner_body
+from unicron.services.planner.settings import PlannerSettings
+from unicron.shared.service import run_service
 
 
 def main() -> None:

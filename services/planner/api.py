@@ -20,8 +20,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from services.planner.spec import ModelShape
-from shared.models import JobState
+from unicron.services.planner.spec import ModelShape
+from unicron.shared.models import JobState
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

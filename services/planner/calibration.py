@@ -26,9 +26,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from services.planner.api import Calibration, TransitionKind
-from shared.calibration import CALIBRATION_KEY, CalibrationRecord
-from shared.models import now
+from unicron.services.planner.api import Calibration, TransitionKind
+from unicron.shared.calibration import CALIBRATION_KEY, CalibrationRecord
+from unicron.shared.models import now
 
 CLAMP = (0.05, 20.0)  # a factor outside this is a broken measurement, not a slow cluster
 

@@ -7,7 +7,7 @@ preset with ``CLUSTERS.register(name, ClusterSpec(...))``.
 
 from __future__ import annotations
 
-from services.planner.spec import ClusterSpec, Registry
+from unicron.services.planner.spec import ClusterSpec, Registry
 
 GB = 1e9
 

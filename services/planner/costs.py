@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from services.planner.api import (
+from unicron.services.planner.api import (
     KINDS,
     SOURCES,
     Curve,
@@ -29,7 +29,7 @@ from services.planner.api import (
     TransitionKind,
     Transitions,
 )
-from services.planner.spec import DEFAULT_SHAPE, ClusterSpec
+from unicron.services.planner.spec import DEFAULT_SHAPE, ClusterSpec
 
 K = {kind: np.int64(i) for i, kind in enumerate(KINDS)}
 S = {source: np.int64(i) for i, source in enumerate(SOURCES)}

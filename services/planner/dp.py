@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
-from services.planner.api import FloatArray, IntArray
+from unicron.services.planner.api import FloatArray, IntArray
 
 NO_KEEP = -1
 REL_TOL = 1e-9

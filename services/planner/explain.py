@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.planner import dp
-from services.planner.api import KINDS, SOURCES, Curve, FloatArray, IntArray
-from services.planner.objective import JobTerms
-from shared.plans import Alternative, JobExplanation, ParallelConfig
+from unicron.services.planner import dp
+from unicron.services.planner.api import KINDS, SOURCES, Curve, FloatArray, IntArray
+from unicron.services.planner.objective import JobTerms
+from unicron.shared.plans import Alternative, JobExplanation, ParallelConfig
 
 SHOWN = 3  # alternatives kept per job, best first
 

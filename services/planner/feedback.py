@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.planner.api import JobDemand, TransitionKind
-from services.planner.calibration import CalibrationStore
-from services.planner.spec import ModelShape
-from services.planner.throughput import MegatronThroughput
-from shared.events import FailureDetected, TransitionCompleted
-from shared.logging import get_logger
-from shared.models import Job, now
-from shared.reports import StepCompleted
-from shared.state import StateStore
+from unicron.services.planner.api import JobDemand, TransitionKind
+from unicron.services.planner.calibration import CalibrationStore
+from unicron.services.planner.spec import ModelShape
+from unicron.services.planner.throughput import MegatronThroughput
+from unicron.shared.events import FailureDetected, TransitionCompleted
+from unicron.shared.logging import get_logger
+from unicron.shared.models import Job, now
+from unicron.shared.reports import StepCompleted
+from unicron.shared.state import StateStore
 
 log = get_logger(component="planner.feedback")
 UNCALIBRATED = frozenset({TransitionKind.NONE, TransitionKind.STOP})

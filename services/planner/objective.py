@@ -18,8 +18,8 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from services.planner import dp
-from services.planner.api import (
+from unicron.services.planner import dp
+from unicron.services.planner.api import (
     Curve,
     FloatArray,
     IntArray,

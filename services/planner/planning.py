@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from services.planner import dp
-from services.planner.api import (
+from unicron.services.planner import dp
+from unicron.services.planner.api import (
     ACTIVE_STATES,
     Calibration,
     ClusterInputs,
@@ -25,12 +25,12 @@ from services.planner.api import (
     Objective,
     Orphan,
 )
-from services.planner.explain import alternative_sets, explain
-from services.planner.objective import all_terms, keep_units, stack
-from services.planner.placement import PlacementRequest, place
-from services.planner.spec import ModelShape
-from shared.models import FailureRecord, Job, JobState, NodeRecord, PlanAction, WorkerState
-from shared.plans import JobAllocation, Plan
+from unicron.services.planner.explain import alternative_sets, explain
+from unicron.services.planner.objective import all_terms, keep_units, stack
+from unicron.services.planner.placement import PlacementRequest, place
+from unicron.services.planner.spec import ModelShape
+from unicron.shared.models import FailureRecord, Job, JobState, NodeRecord, PlanAction, WorkerState
+from unicron.shared.plans import JobAllocation, Plan
 
 # A rank holds its slot until it is stopped or done: a crashed process's slot is where its
 # replacement restarts, so FAILED counts (its node must still be usable).

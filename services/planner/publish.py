@@ -7,12 +7,12 @@ for a reconcile pass that found the cluster changed without an event — what it
 
 from __future__ import annotations
 
-from services.planner.api import ClusterInputs
-from services.planner.planning import QUIET
-from shared.bus import Bus
-from shared.events import PlanCreated, PlannedJob
-from shared.logging import get_logger
-from shared.plans import Plan
+from unicron.services.planner.api import ClusterInputs
+from unicron.services.planner.planning import QUIET
+from unicron.shared.bus import Bus
+from unicron.shared.events import PlanCreated, PlannedJob
+from unicron.shared.logging import get_logger
+from unicron.shared.plans import Plan
 
 log = get_logger(component="planner")
 

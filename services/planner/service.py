@@ -21,15 +21,15 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from services.planner.api import ClusterInputs
-from services.planner.calibration import CalibrationStore
-from services.planner.feedback import Feedback
-from services.planner.planning import PlanDraft, needs_publish, plan_cluster, snapshot
-from services.planner.publish import announce, changes, summarise
-from services.planner.settings import PlannerSettings
-from services.planner.throughput import MegatronThroughput
-from shared.bus import Bus, parse_event
-from shared.events import (
+from unicron.services.planner.api import ClusterInputs
+from unicron.services.planner.calibration import CalibrationStore
+from unicron.services.planner.feedback import Feedback
+from unicron.services.planner.planning import PlanDraft, needs_publish, plan_cluster, snapshot
+from unicron.services.planner.publish import announce, changes, summarise
+from unicron.services.planner.settings import PlannerSettings
+from unicron.services.planner.throughput import MegatronThroughput
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.events import (
     CloudEvent,
     FailureDetected,
     JobStateChanged,
@@ -39,13 +39,13 @@ from shared.events import (
     NodeStateChanged,
     TransitionCompleted,
 )
-from shared.lease import PLANNER_LEASE, Lease
-from shared.logging import get_logger
-from shared.models import now
-from shared.plans import Plan
-from shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
-from shared.service import ServiceBody
-from shared.state import StateStore
+from unicron.shared.lease import PLANNER_LEASE, Lease
+from unicron.shared.logging import get_logger
+from unicron.shared.models import now
+from unicron.shared.plans import Plan
+from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from unicron.shared.service import ServiceBody
+from unicron.shared.state import StateStore
 
 EVENTS_SUBJECT = "unicron.events.>"
 STEPS_SUBJECT = f"{REPORT_SUBJECT_PREFIX}*.step_completed"

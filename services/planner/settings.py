@@ -6,13 +6,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from services.planner.api import Objective, TransitionCost
-from services.planner.calibration import FailurePrior
-from services.planner.clusters import CLUSTERS
-from services.planner.costs import ConstantDowntime, ModelledDowntime
-from services.planner.spec import ClusterSpec
-from services.planner.throughput import THROUGHPUT_MODELS
-from shared.settings import CommonSettings
+from unicron.services.planner.api import Objective, TransitionCost
+from unicron.services.planner.calibration import FailurePrior
+from unicron.services.planner.clusters import CLUSTERS
+from unicron.services.planner.costs import ConstantDowntime, ModelledDowntime
+from unicron.services.planner.spec import ClusterSpec
+from unicron.services.planner.throughput import THROUGHPUT_MODELS
+from unicron.shared.settings import CommonSettings
 
 # Llama 3 405B: 466 interruptions in 54 days on 16,384 H100 (DESIGN.md §7).
 LLAMA3_FAILURES_PER_GPU_H = 466 / (54 * 24 * 16384)

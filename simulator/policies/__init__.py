@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.planner.api import Calibration
-from simulator.policies.bamboo import Bamboo
-from simulator.policies.base import Policy
-from simulator.policies.oobleck import Oobleck
-from simulator.policies.restart import Restart
-from simulator.policies.unicron import Unicron
-from simulator.policies.varuna import Varuna
+from unicron.services.planner.api import Calibration
+from unicron.simulator.policies.bamboo import Bamboo
+from unicron.simulator.policies.base import Policy
+from unicron.simulator.policies.oobleck import Oobleck
+from unicron.simulator.policies.restart import Restart
+from unicron.simulator.policies.unicron import Unicron
+from unicron.simulator.policies.varuna import Varuna
 
 BASELINES = ("restart", "oobleck", "varuna", "bamboo")
 NAMES = ("unicron", *BASELINES)

@@ -18,11 +18,11 @@ Oobleck's.
 
 from __future__ import annotations
 
-from simulator.policies.base import NodeOwnerPolicy
-from simulator.policies.oobleck import RECONFIGURE_S, elastic_detect_s
-from simulator.state import JobRun, Simulation
-from simulator.trace import Failure
-from simulator.workload import shape_for
+from unicron.simulator.policies.base import NodeOwnerPolicy
+from unicron.simulator.policies.oobleck import RECONFIGURE_S, elastic_detect_s
+from unicron.simulator.state import JobRun, Simulation
+from unicron.simulator.trace import Failure
+from unicron.simulator.workload import shape_for
 
 FORWARD_SHARE = 1.0 / 3.0
 

@@ -24,19 +24,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from services.planner.api import ClusterInputs, JobView, NodeView, Objective
-from services.planner.costs import ModelledDowntime
-from services.planner.planning import plan_cluster
-from services.planner.throughput import MegatronThroughput
-from shared.models import JobState
-from shared.taxonomy import FailureCategory, Severity
-from simulator.events import Kind
-from simulator.inputs import ClusterConfig, JobConfig
-from simulator.trace import Failure, node_name
-from simulator.workload import Speeds, demand_of, shape_for
+from unicron.services.planner.api import ClusterInputs, JobView, NodeView, Objective
+from unicron.services.planner.costs import ModelledDowntime
+from unicron.services.planner.planning import plan_cluster
+from unicron.services.planner.throughput import MegatronThroughput
+from unicron.shared.models import JobState
+from unicron.shared.taxonomy import FailureCategory, Severity
+from unicron.simulator.events import Kind
+from unicron.simulator.inputs import ClusterConfig, JobConfig
+from unicron.simulator.trace import Failure, node_name
+from unicron.simulator.workload import Speeds, demand_of, shape_for
 
 if TYPE_CHECKING:
-    from simulator.state import JobRun, Simulation
+    from unicron.simulator.state import JobRun, Simulation
 
 HANGS = frozenset({FailureCategory.TASK_HANG, FailureCategory.NCCL_TIMEOUT})
 NODE_LOSS = frozenset({FailureCategory.NODE_DOWN})

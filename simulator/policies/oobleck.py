@@ -20,9 +20,9 @@ default NCCL timeout, 10 min); a machine that stops answering, after ``NODE_S``.
 
 from __future__ import annotations
 
-from simulator.policies.base import NodeOwnerPolicy, detection_class, shard_bytes
-from simulator.state import JobRun, Simulation
-from simulator.trace import Failure
+from unicron.simulator.policies.base import NodeOwnerPolicy, detection_class, shard_bytes
+from unicron.simulator.state import JobRun, Simulation
+from unicron.simulator.trace import Failure
 
 EXIT_S = 1.0
 NODE_S = 10.0

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from simulator.policies.base import NodeOwnerPolicy, half_interval
-from simulator.state import JobRun, Simulation
-from simulator.trace import Failure
+from unicron.simulator.policies.base import NodeOwnerPolicy, half_interval
+from unicron.simulator.state import JobRun, Simulation
+from unicron.simulator.trace import Failure
 
 TIMEOUT_S = 30 * 60.0
 RESUBMIT_S = 9 * 60.0

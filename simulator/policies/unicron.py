@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from services.planner.api import (
+from unicron.services.planner.api import (
     Calibration,
     ClusterInputs,
     JobDemand,
@@ -37,16 +37,16 @@ from services.planner.api import (
     NodeView,
     Objective,
 )
-from services.planner.costs import ModelledDowntime
-from services.planner.planning import PlanDraft, calibrated, plan_cluster
-from services.planner.throughput import MegatronThroughput
-from shared.models import JobState
-from shared.taxonomy import Severity, severity_of
-from simulator.events import Kind
-from simulator.policies.base import Policy, detection_class
-from simulator.state import JobRun, Simulation
-from simulator.trace import Failure, node_name
-from simulator.workload import demand_of
+from unicron.services.planner.costs import ModelledDowntime
+from unicron.services.planner.planning import PlanDraft, calibrated, plan_cluster
+from unicron.services.planner.throughput import MegatronThroughput
+from unicron.shared.models import JobState
+from unicron.shared.taxonomy import Severity, severity_of
+from unicron.simulator.events import Kind
+from unicron.simulator.policies.base import Policy, detection_class
+from unicron.simulator.state import JobRun, Simulation
+from unicron.simulator.trace import Failure, node_name
+from unicron.simulator.workload import demand_of
 
 EXIT_S = 0.08
 EXCEPTION_S = 0.2

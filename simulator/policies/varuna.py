@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.planner.throughput import MegatronThroughput
-from simulator.inputs import ClusterConfig, JobConfig
-from simulator.policies.base import NodeOwnerPolicy, half_interval, shard_bytes
-from simulator.policies.oobleck import elastic_detect_s
-from simulator.state import JobRun, Simulation
-from simulator.trace import Failure
-from simulator.workload import Speeds
+from unicron.services.planner.throughput import MegatronThroughput
+from unicron.simulator.inputs import ClusterConfig, JobConfig
+from unicron.simulator.policies.base import NodeOwnerPolicy, half_interval, shard_bytes
+from unicron.simulator.policies.oobleck import elastic_detect_s
+from unicron.simulator.state import JobRun, Simulation
+from unicron.simulator.trace import Failure
+from unicron.simulator.workload import Speeds
 
 
 class Varuna(NodeOwnerPolicy):

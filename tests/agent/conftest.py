@@ -17,17 +17,17 @@ from typing import Any, TypeVar
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from services.agent.channel import WorkerChannel
-from services.agent.hang import HangWatch
-from services.agent.outbox import Report
-from services.agent.registry import EntrypointRegistry
-from services.agent.settings import AgentSettings
-from services.agent.supervisor import Supervisor
-from shared.bus import Bus, parse_event
-from shared.events import CloudEvent, NodeJoined
-from shared.messages import Rendezvous, StartWorker
-from shared.models import JobSpec, NodeRecord
-from shared.state import StateStore
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.hang import HangWatch
+from unicron.services.agent.outbox import Report
+from unicron.services.agent.registry import EntrypointRegistry
+from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.supervisor import Supervisor
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.events import CloudEvent, NodeJoined
+from unicron.shared.messages import Rendezvous, StartWorker
+from unicron.shared.models import JobSpec, NodeRecord
+from unicron.shared.state import StateStore
 
 R = TypeVar("R", bound=Report)
 T = TypeVar("T")
@@ -194,7 +194,7 @@ def agent(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[subprocess.
     data_dir = tmp_path / "data"
     with (tmp_path / "agent.log").open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.agent"],
+            [sys.executable, "-m", "unicron.services.agent"],
             cwd=REPO,
             env=agent_env(nats_url, redis_url, data_dir),
             stdout=log,

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.bus import Bus
-from shared.events import NodeJoined
-from shared.messages import (
+from tests.agent.conftest import NODE, inbox, node_record, start_cmd, until
+from unicron.shared.bus import Bus
+from unicron.shared.events import NodeJoined
+from unicron.shared.messages import (
     DeadLetter,
     FaultDirective,
     FaultKind,
@@ -22,8 +23,8 @@ from shared.messages import (
     InjectFault,
     command_subject,
 )
-from shared.models import NodeRecord, NodeState, now
-from shared.reports import (
+from unicron.shared.models import NodeRecord, NodeState, now
+from unicron.shared.reports import (
     WORKER_REPORT,
     StepCompleted,
     WorkerExited,
@@ -31,8 +32,7 @@ from shared.reports import (
     WorkerPhase,
     WorkerStarted,
 )
-from shared.state import StateStore
-from tests.agent.conftest import NODE, inbox, node_record, start_cmd, until
+from unicron.shared.state import StateStore
 
 STEPPER = "step-20-40-40-0"
 

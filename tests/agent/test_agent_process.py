@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from services.agent.agent import Agent
-from services.agent.registry import EntrypointRegistry
-from services.agent.settings import AgentSettings
-from shared.bus import Bus
-from shared.embedded import EmbeddedServer, start_nats, start_redis
-from shared.events import NodeJoined
-from shared.messages import DeadLetter, StopWorkers, WorkerLaunch, command_subject
-from shared.models import NodeRecord, NodeState
-from shared.procs import port_open
-from shared.reports import WORKER_REPORT, StepCompleted, WorkerExited, WorkerStarted
-from shared.state import StateStore
 from tests.agent.conftest import NODE, inbox, node_record, start_cmd, until
+from unicron.services.agent.agent import Agent
+from unicron.services.agent.registry import EntrypointRegistry
+from unicron.services.agent.settings import AgentSettings
+from unicron.shared.bus import Bus
+from unicron.shared.embedded import EmbeddedServer, start_nats, start_redis
+from unicron.shared.events import NodeJoined
+from unicron.shared.messages import DeadLetter, StopWorkers, WorkerLaunch, command_subject
+from unicron.shared.models import NodeRecord, NodeState
+from unicron.shared.procs import port_open
+from unicron.shared.reports import WORKER_REPORT, StepCompleted, WorkerExited, WorkerStarted
+from unicron.shared.state import StateStore
 
 
 def gone(pid: int) -> bool:

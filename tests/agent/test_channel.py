@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.agent.channel import WorkerChannel
-from services.agent.supervisor import Supervisor, WorkerKey
-from shared.reports import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
 from tests.agent.conftest import RecordingSink, start_cmd, until
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.supervisor import Supervisor, WorkerKey
+from unicron.shared.reports import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 

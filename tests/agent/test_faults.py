@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from services.agent import gpus
-from services.agent.agent import Agent
-from services.agent.channel import WorkerChannel
-from services.agent.faults import FaultInjector
-from services.agent.gpus import SlotPool
-from services.agent.settings import AgentSettings
-from services.agent.store import RendezvousStore
-from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from shared.bus import Bus
-from shared.messages import AGENT_COMMAND, FaultDirective, FaultKind, FaultSpec, InjectFault
-from shared.models import NodeRecord, NodeState, now
-from shared.reports import WorkerExited, WorkerStarted
-from shared.state import StateStore
 from tests.agent.conftest import NODE, RecordingSink, start_cmd, until
+from unicron.services.agent import gpus
+from unicron.services.agent.agent import Agent
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.faults import FaultInjector
+from unicron.services.agent.gpus import SlotPool
+from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.store import RendezvousStore
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from unicron.shared.bus import Bus
+from unicron.shared.messages import AGENT_COMMAND, FaultDirective, FaultKind, FaultSpec, InjectFault
+from unicron.shared.models import NodeRecord, NodeState, now
+from unicron.shared.reports import WorkerExited, WorkerStarted
+from unicron.shared.state import StateStore
 
 STEPPER = "step-20-40-40-0"
 

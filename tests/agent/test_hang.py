@@ -14,11 +14,11 @@ from typing import Literal
 
 import pytest
 
-from services.agent.hang import HangWatch, process_state
-from services.agent.settings import AgentSettings
-from services.agent.supervisor import Supervisor, Worker, WorkerKey
-from shared.reports import StepCompleted, WorkerHung, WorkerPhase
 from tests.agent.conftest import RecordingSink, start_cmd
+from unicron.services.agent.hang import HangWatch, process_state
+from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.supervisor import Supervisor, Worker, WorkerKey
+from unicron.shared.reports import StepCompleted, WorkerHung, WorkerPhase
 
 KEY = WorkerKey("job-a", 1, 0)
 # healthy steps per worker in the false-alarm test; raise it for a soak (two workers run)

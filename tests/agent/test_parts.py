@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.agent import registry
-from services.agent.outbox import Outbox, Report
-from services.agent.settings import AgentSettings, default_node_id
-from services.agent.store import RendezvousStore
-from shared.procs import port_open
-from shared.reports import StepCompleted, WorkerExited
 from tests.agent.conftest import until
+from unicron.services.agent import registry
+from unicron.services.agent.outbox import Outbox, Report
+from unicron.services.agent.settings import AgentSettings, default_node_id
+from unicron.services.agent.store import RendezvousStore
+from unicron.shared.procs import port_open
+from unicron.shared.reports import StepCompleted, WorkerExited
 
 
 def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,7 +35,7 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_registry_runs_only_registered_modules() -> None:
     reg = registry.build_registry({"toy": "tests.agent.fake_worker"})
-    assert reg.argv("gpt") == [sys.executable, "-m", "trainer.worker"]
+    assert reg.argv("gpt") == [sys.executable, "-m", "unicron.trainer.worker"]
     assert reg.argv("toy")[-1] == "tests.agent.fake_worker"
     with pytest.raises(registry.UnknownTrainerError):
         reg.argv("evil")

@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from services.agent.agent import Agent
-from services.agent.channel import WorkerChannel
-from services.agent.hang import HangWatch
-from services.agent.registry import EntrypointRegistry
-from services.agent.regroup import Regrouper
-from services.agent.settings import AgentSettings
-from services.agent.spares import SparePool
-from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from shared.bus import Bus
-from shared.messages import (
+from tests.agent.conftest import FAKE_WORKER, NODE, RecordingSink, inbox, start_cmd, until
+from unicron.services.agent.agent import Agent
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.hang import HangWatch
+from unicron.services.agent.registry import EntrypointRegistry
+from unicron.services.agent.regroup import Regrouper
+from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.spares import SparePool
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from unicron.shared.bus import Bus
+from unicron.shared.messages import (
     DeadLetter,
     RegroupDirective,
     RegroupWorker,
@@ -31,9 +32,8 @@ from shared.messages import (
     WorkerLaunch,
     command_subject,
 )
-from shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
-from shared.state import StateStore
-from tests.agent.conftest import FAKE_WORKER, NODE, RecordingSink, inbox, start_cmd, until
+from unicron.shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
+from unicron.shared.state import StateStore
 
 STEPPER = "step-20-40-40-0"
 

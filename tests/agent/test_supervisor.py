@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from services.agent.outbox import Report
-from services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from shared.messages import StopWorkers, WorkerLaunch
-from shared.reports import StepCompleted, WorkerExited, WorkerStarted
 from tests.agent.conftest import RecordingSink, start_cmd
+from unicron.services.agent.outbox import Report
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from unicron.shared.messages import StopWorkers, WorkerLaunch
+from unicron.shared.reports import StepCompleted, WorkerExited, WorkerStarted
 
 
 def drain(sink: RecordingSink) -> list[Report]:

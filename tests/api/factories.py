@@ -7,8 +7,8 @@ import asyncio
 
 from pydantic import ValidationError
 
-from shared.bus import Bus
-from shared.messages import (
+from unicron.shared.bus import Bus
+from unicron.shared.messages import (
     AGENT_COMMAND,
     AgentCommand,
     FaultKind,
@@ -16,8 +16,8 @@ from shared.messages import (
     InjectFault,
     command_subject,
 )
-from shared.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
-from shared.state import StateStore
+from unicron.shared.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
+from unicron.shared.state import StateStore
 
 ADMIN = "admin-token-0123456789abcdef"
 USER_A = "user-a-token-0123456789abcdef"

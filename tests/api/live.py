@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 import uvicorn
 
-from services.api.app import create_app
-from services.api.settings import ApiSettings
-from shared.procs import free_port
+from unicron.services.api.app import create_app
+from unicron.services.api.settings import ApiSettings
+from unicron.shared.procs import free_port
 
 STARTUP_TIMEOUT_S = 15.0
 T = TypeVar("T")

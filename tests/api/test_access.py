@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from services.api.__main__ import check_bind, load_settings
-from services.api.access import Caller, grant_for, may_see
-from services.api.app import create_app
-from services.api.settings import ApiSettings
-from shared.models import Job, JobSpec
-from shared.state import StateStore
 from tests.api.factories import ADMIN, TOKENS, USER_A, USER_B, bearer, put_job
 from tests.api.live import serve_api
+from unicron.services.api.__main__ import check_bind, load_settings
+from unicron.services.api.access import Caller, grant_for, may_see
+from unicron.services.api.app import create_app
+from unicron.services.api.settings import ApiSettings
+from unicron.shared.models import Job, JobSpec
+from unicron.shared.state import StateStore
 
 
 @pytest.fixture

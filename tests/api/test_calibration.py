@@ -10,14 +10,14 @@ from pathlib import Path
 import httpx
 from typer.testing import CliRunner
 
-from cli.main import app
-from services.planner.api import TransitionKind
-from services.planner.calibration import CalibrationStore, FailurePrior
-from shared.models import Job, JobSpec
-from shared.state import StateStore
-from simulator.inputs import load_calibration
 from tests.api import live
 from tests.api.factories import ADMIN, TOKENS, USER_A, bearer
+from unicron.cli.main import app
+from unicron.services.planner.api import TransitionKind
+from unicron.services.planner.calibration import CalibrationStore, FailurePrior
+from unicron.shared.models import Job, JobSpec
+from unicron.shared.state import StateStore
+from unicron.simulator.inputs import load_calibration
 
 PRIOR = FailurePrior(rate_per_gpu_h=1e-3, gpu_h=10.0, half_life_h=24.0)
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from shared.bus import Bus
-from shared.events import JobSubmitted, NodeJoined
-from shared.models import JobSpec
+from unicron.shared.bus import Bus
+from unicron.shared.events import JobSubmitted, NodeJoined
+from unicron.shared.models import JobSpec
 
 
 def submitted(job_id: str) -> JobSubmitted:

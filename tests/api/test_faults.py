@@ -9,11 +9,11 @@ import json
 import httpx
 import pytest
 
-from shared.bus import Bus
-from shared.messages import FaultKind, InjectFault, command_subject
-from shared.models import JobState, WorkerState
-from shared.state import StateStore
 from tests.api.factories import command_queue, commands_sent, fault_round_trips, put_job
+from unicron.shared.bus import Bus
+from unicron.shared.messages import FaultKind, InjectFault, command_subject
+from unicron.shared.models import JobState, WorkerState
+from unicron.shared.state import StateStore
 
 
 async def test_fault_goes_to_the_agent_that_runs_the_rank(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from shared.embedded import EmbeddedServer
 from tests.api.live import eventually
+from unicron.shared.embedded import EmbeddedServer
 
 
 async def test_ready_until_a_dependency_goes_away(

@@ -10,10 +10,10 @@ from typing import cast
 import httpx
 import pytest
 
-from shared.bus import Bus
-from shared.events import CloudEvent
-from shared.models import JobState, NodeRecord
-from shared.state import StateStore
+from unicron.shared.bus import Bus
+from unicron.shared.events import CloudEvent
+from unicron.shared.models import JobState, NodeRecord
+from unicron.shared.state import StateStore
 
 SPEC = {"name": "tiny", "steps": 10, "min_workers": 1, "max_workers": 2}
 

@@ -8,17 +8,17 @@ import httpx
 import pytest
 from fastapi import Depends, FastAPI
 
-from services.api.access import authenticate
-from services.api.app import create_app
-from services.api.routes import plans
-from services.api.settings import ApiSettings
-from services.planner.planning import plan_cluster, snapshot
-from services.planner.settings import PlannerSettings
-from shared.models import Job, JobSpec, NodeRecord, PlanAction, now
-from shared.plans import JobAllocation, Plan
-from shared.state import StateStore
 from tests.api import live
 from tests.api.factories import ADMIN, TOKENS, USER_A, bearer
+from unicron.services.api.access import authenticate
+from unicron.services.api.app import create_app
+from unicron.services.api.routes import plans
+from unicron.services.api.settings import ApiSettings
+from unicron.services.planner.planning import plan_cluster, snapshot
+from unicron.services.planner.settings import PlannerSettings
+from unicron.shared.models import Job, JobSpec, NodeRecord, PlanAction, now
+from unicron.shared.plans import JobAllocation, Plan
+from unicron.shared.state import StateStore
 
 
 @pytest.fixture(autouse=True)

@@ -7,15 +7,15 @@ from pathlib import Path
 
 from typer.testing import CliRunner, Result
 
-from cli.client import ApiClient
-from cli.main import app
-from cli.render import event_line
-from shared.bus import Bus
-from shared.events import NodeJoined
-from shared.models import Job, JobState, NodeRecord
-from shared.procs import free_port
-from shared.state import StateStore
 from tests.api.live import eventually
+from unicron.cli.client import ApiClient
+from unicron.cli.main import app
+from unicron.cli.render import event_line
+from unicron.shared.bus import Bus
+from unicron.shared.events import NodeJoined
+from unicron.shared.models import Job, JobState, NodeRecord
+from unicron.shared.procs import free_port
+from unicron.shared.state import StateStore
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 

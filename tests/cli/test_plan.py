@@ -10,14 +10,15 @@ import typer
 from fastapi import FastAPI
 from typer.testing import CliRunner, Result
 
-from cli.plan import plan as plan_command
-from services.api.app import create_app
-from services.api.routes import plans
-from services.api.settings import ApiSettings
-from services.planner.api import Calibration
-from services.planner.planning import plan_cluster, snapshot
-from services.planner.settings import PlannerSettings
-from shared.models import (
+from tests.api import live
+from unicron.cli.plan import plan as plan_command
+from unicron.services.api.app import create_app
+from unicron.services.api.routes import plans
+from unicron.services.api.settings import ApiSettings
+from unicron.services.planner.api import Calibration
+from unicron.services.planner.planning import plan_cluster, snapshot
+from unicron.services.planner.settings import PlannerSettings
+from unicron.shared.models import (
     FailureRecord,
     Job,
     JobSpec,
@@ -28,9 +29,8 @@ from shared.models import (
     WorkerState,
     now,
 )
-from shared.plans import Plan
-from shared.state import StateStore
-from tests.api import live
+from unicron.shared.plans import Plan
+from unicron.shared.state import StateStore
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 GPT_7B = ModelConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048, vocab=51200)

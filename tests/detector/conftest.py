@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.detector.service import run
-from services.detector.settings import DetectorSettings
-from shared.bus import Bus, parse_event
-from shared.events import CloudEvent
-from shared.messages import ping_subject
-from shared.models import Job, JobSpec, JobState, NodeRecord, WorkerRecord, WorkerState, now
-from shared.state import StateStore
+from unicron.services.detector.service import run
+from unicron.services.detector.settings import DetectorSettings
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.events import CloudEvent
+from unicron.shared.messages import ping_subject
+from unicron.shared.models import Job, JobSpec, JobState, NodeRecord, WorkerRecord, WorkerState, now
+from unicron.shared.state import StateStore
 
 
 @dataclass

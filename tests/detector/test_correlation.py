@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.bus import Bus
-from shared.events import CloudEvent
-from shared.models import NodeState
-from shared.reports import WorkerException, WorkerExited, WorkerHung
-from shared.state import StateStore
 from tests.detector.conftest import Cluster, next_event, no_event
+from unicron.shared.bus import Bus
+from unicron.shared.events import CloudEvent
+from unicron.shared.models import NodeState
+from unicron.shared.reports import WorkerException, WorkerExited, WorkerHung
+from unicron.shared.state import StateStore
 
 FOUR_RANKS = ["node-0", "node-0", "node-1", "node-1"]
 

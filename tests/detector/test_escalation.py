@@ -6,13 +6,13 @@ import asyncio
 import random
 from typing import Any
 
-from shared.bus import Bus
-from shared.events import CloudEvent
-from shared.models import FailureRecord, NodeState, now
-from shared.reports import StepCompleted, WorkerExited
-from shared.state import StateStore
 from tests.detector.conftest import Cluster, next_event, no_event
 from tests.detector.test_correlation import reset_by_peer
+from unicron.shared.bus import Bus
+from unicron.shared.events import CloudEvent
+from unicron.shared.models import FailureRecord, NodeState, now
+from unicron.shared.reports import StepCompleted, WorkerExited
+from unicron.shared.state import StateStore
 
 
 async def reset_after_a_reattempt(

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from services.detector.settings import DetectorSettings
-from shared.events import CloudEvent
-from shared.models import NodeRecord, NodeState, now
-from shared.state import StateStore
 from tests.detector.conftest import Cluster, next_event
+from unicron.services.detector.settings import DetectorSettings
+from unicron.shared.events import CloudEvent
+from unicron.shared.models import NodeRecord, NodeState, now
+from unicron.shared.state import StateStore
 
 HEARTBEAT_S = 0.2  # x 3 misses: silent for more than 0.6 s is lost
 

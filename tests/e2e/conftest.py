@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.stack import Stack, StackConfig
-from shared.procs import free_port
+from unicron.cli.stack import Stack, StackConfig
+from unicron.shared.procs import free_port
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

@@ -11,12 +11,13 @@ from typing import TypeVar
 
 import pytest
 
-from services.executor.service import Executor
-from services.executor.settings import ExecutorSettings
-from shared.bus import Bus, parse_event
-from shared.events import CloudEvent, EventData
-from shared.messages import AGENT_COMMAND, AnyAgentCommand, command_subject
-from shared.models import (
+from tests.agent.conftest import agent, joined  # noqa: F401  (fixtures: a real agent process)
+from unicron.services.executor.service import Executor
+from unicron.services.executor.settings import ExecutorSettings
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.events import CloudEvent, EventData
+from unicron.shared.messages import AGENT_COMMAND, AnyAgentCommand, command_subject
+from unicron.shared.models import (
     FailureRecord,
     Job,
     JobSpec,
@@ -27,10 +28,9 @@ from shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from shared.plans import JobAllocation, Plan
-from shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
-from shared.state import StateStore
-from tests.agent.conftest import agent, joined  # noqa: F401  (fixtures: a real agent process)
+from unicron.shared.plans import JobAllocation, Plan
+from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from unicron.shared.state import StateStore
 
 C = TypeVar("C", bound=AnyAgentCommand)
 E = TypeVar("E", bound=EventData)

@@ -6,14 +6,14 @@ the commands, and the test answers with the reports real agents and workers woul
 
 from __future__ import annotations
 
-from services.executor.service import Executor
-from shared.bus import Bus
-from shared.events import TransitionCompleted, TransitionStarted
-from shared.messages import RegroupWorker, StartWorker, StopWorkers
-from shared.models import JobState, NodeState, PlanAction, WorkerState
-from shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
-from shared.state import StateStore
 from tests.executor.conftest import PORTS, Events, FakeAgent, apply, fail, running_job
+from unicron.services.executor.service import Executor
+from unicron.shared.bus import Bus
+from unicron.shared.events import TransitionCompleted, TransitionStarted
+from unicron.shared.messages import RegroupWorker, StartWorker, StopWorkers
+from unicron.shared.models import JobState, NodeState, PlanAction, WorkerState
+from unicron.shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
+from unicron.shared.state import StateStore
 
 FOUR = ["n0", "n0", "n1", "n1"]
 

@@ -10,12 +10,12 @@ import signal
 import subprocess
 from pathlib import Path
 
-from services.executor.service import Executor
-from shared.events import NodeJoined, TransitionCompleted
-from shared.models import Job, JobState, PlanAction, WorkerState
-from shared.state import StateStore
 from tests.agent.conftest import NODE
 from tests.executor.conftest import Events, apply, fail, spec
+from unicron.services.executor.service import Executor
+from unicron.shared.events import NodeJoined, TransitionCompleted
+from unicron.shared.models import Job, JobState, PlanAction, WorkerState
+from unicron.shared.state import StateStore
 
 
 async def job_where(state: StateStore, job_id: str, ok: object, within: float = 30) -> Job:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from shared.bus import Bus, parse_event
-from shared.events import CloudEvent, PlanCreated
-from shared.models import NodeRecord, now
-from shared.procs import die_with_parent
-from shared.state import StateStore
 from tests.planner.live import StartPlanner
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.events import CloudEvent, PlanCreated
+from unicron.shared.models import NodeRecord, now
+from unicron.shared.procs import die_with_parent
+from unicron.shared.state import StateStore
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("node-a", "node-b")
@@ -37,7 +37,7 @@ def start_planner(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[Sta
         }
         with (tmp_path / f"planner-{len(procs)}.log").open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "services.planner"],
+                [sys.executable, "-m", "unicron.services.planner"],
                 cwd=REPO,
                 env=env,
                 stdout=log,

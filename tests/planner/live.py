@@ -7,12 +7,12 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from shared.bus import Bus
-from shared.events import JobSubmitted, PlanCreated
-from shared.lease import PLANNER_LEASE, current_epoch
-from shared.models import Job, JobSpec, PlanAction
-from shared.plans import Plan
-from shared.state import StateStore
+from unicron.shared.bus import Bus
+from unicron.shared.events import JobSubmitted, PlanCreated
+from unicron.shared.lease import PLANNER_LEASE, current_epoch
+from unicron.shared.models import Job, JobSpec, PlanAction
+from unicron.shared.plans import Plan
+from unicron.shared.state import StateStore
 
 WAIT_S = 15.0
 

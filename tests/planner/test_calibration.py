@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from services.planner.api import TransitionKind
-from services.planner.calibration import CalibrationStore, FailurePrior
-from services.planner.clusters import CPU
-from services.planner.feedback import Feedback, demand_of
-from services.planner.throughput import MegatronThroughput
-from shared.events import FailureDetected, TransitionCompleted
-from shared.models import Job, JobSpec, JobState, PlanAction, now
-from shared.plans import JobAllocation, JobExplanation, Plan
-from shared.reports import StepCompleted
-from shared.state import StateStore
-from shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.services.planner.api import TransitionKind
+from unicron.services.planner.calibration import CalibrationStore, FailurePrior
+from unicron.services.planner.clusters import CPU
+from unicron.services.planner.feedback import Feedback, demand_of
+from unicron.services.planner.throughput import MegatronThroughput
+from unicron.shared.events import FailureDetected, TransitionCompleted
+from unicron.shared.models import Job, JobSpec, JobState, PlanAction, now
+from unicron.shared.plans import JobAllocation, JobExplanation, Plan
+from unicron.shared.reports import StepCompleted
+from unicron.shared.state import StateStore
+from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 PRIOR = FailurePrior(rate_per_gpu_h=1e-3, gpu_h=10.0, half_life_h=24.0)
 MODEL = MegatronThroughput(CPU)

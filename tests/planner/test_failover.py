@@ -6,10 +6,6 @@ import asyncio
 import time
 from pathlib import Path
 
-from shared.bus import Bus
-from shared.events import PlanCreated
-from shared.models import PlanAction
-from shared.state import StateStore
 from tests.planner.live import (
     StartPlanner,
     epoch_reached,
@@ -19,6 +15,10 @@ from tests.planner.live import (
     submit,
     summary,
 )
+from unicron.shared.bus import Bus
+from unicron.shared.events import PlanCreated
+from unicron.shared.models import PlanAction
+from unicron.shared.state import StateStore
 
 
 async def test_a_standby_planner_takes_over_within_the_lease_time(

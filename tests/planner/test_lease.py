@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.executor.settings import ExecutorSettings
-from services.executor.transitions import TransitionRunner
-from shared.bus import Bus
-from shared.lease import PLANNER_LEASE, Lease, LeaseState, current_epoch
-from shared.models import Job, JobSpec, JobState, NodeRecord, PlanAction
-from shared.plans import JobAllocation, Plan
-from shared.state import StateStore
+from unicron.services.executor.settings import ExecutorSettings
+from unicron.services.executor.transitions import TransitionRunner
+from unicron.shared.bus import Bus
+from unicron.shared.lease import PLANNER_LEASE, Lease, LeaseState, current_epoch
+from unicron.shared.models import Job, JobSpec, JobState, NodeRecord, PlanAction
+from unicron.shared.plans import JobAllocation, Plan
+from unicron.shared.state import StateStore
 
 TTL_S = 0.5
 

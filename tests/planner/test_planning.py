@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from services.planner.api import Objective
-from services.planner.costs import ConstantDowntime
-from services.planner.planning import PlanDraft, needs_publish, plan_cluster, snapshot
-from services.planner.throughput import LinearThroughput
-from shared.models import (
+from unicron.services.planner.api import Objective
+from unicron.services.planner.costs import ConstantDowntime
+from unicron.services.planner.planning import PlanDraft, needs_publish, plan_cluster, snapshot
+from unicron.services.planner.throughput import LinearThroughput
+from unicron.shared.models import (
     FailureRecord,
     Job,
     JobSpec,
@@ -17,7 +17,7 @@ from shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from shared.plans import JobAllocation, Plan
+from unicron.shared.plans import JobAllocation, Plan
 
 NOW = 10_000.0
 TIMEOUT = 3.0

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from services.planner.api import Calibration, Objective, TransitionKind
-from services.planner.planning import (
+from unicron.services.planner.api import Calibration, Objective, TransitionKind
+from unicron.services.planner.planning import (
     UNCALIBRATED,
     PlanDraft,
     needs_publish,
@@ -15,8 +15,8 @@ from services.planner.planning import (
     run_time,
     snapshot,
 )
-from services.planner.settings import PlannerSettings
-from shared.models import (
+from unicron.services.planner.settings import PlannerSettings
+from unicron.shared.models import (
     Job,
     JobSpec,
     JobState,
@@ -27,7 +27,7 @@ from shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from shared.plans import JobAllocation, Plan
+from unicron.shared.plans import JobAllocation, Plan
 
 NOW = 10_000.0
 CPU = PlannerSettings().objective()

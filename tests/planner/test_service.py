@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from shared.bus import Bus
-from shared.events import FailureDetected, NodeStateChanged, PlanCreated
-from shared.models import (
+from tests.planner.live import StartPlanner, next_plan, submit, summary
+from unicron.shared.bus import Bus
+from unicron.shared.events import FailureDetected, NodeStateChanged, PlanCreated
+from unicron.shared.models import (
     FailureRecord,
     Job,
     JobSpec,
@@ -19,9 +20,8 @@ from shared.models import (
     WorkerState,
     now,
 )
-from shared.state import StateStore
-from shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
-from tests.planner.live import StartPlanner, next_plan, submit, summary
+from unicron.shared.state import StateStore
+from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 
 async def test_submitted_job_starts_on_two_workers(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.inputs import ClusterConfig, JobConfig
-from simulator.trace import Failure, load_trace
+from unicron.simulator.inputs import ClusterConfig, JobConfig
+from unicron.simulator.trace import Failure, load_trace
 
 
 @pytest.fixture

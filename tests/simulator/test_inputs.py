@@ -6,10 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from services.planner.api import TransitionKind
-from simulator.inputs import ClusterConfig, InputError, load_calibration, load_cluster, load_jobs
-from simulator.trace import load_trace
 from tests.simulator.conftest import write
+from unicron.services.planner.api import TransitionKind
+from unicron.simulator.inputs import (
+    ClusterConfig,
+    InputError,
+    load_calibration,
+    load_cluster,
+    load_jobs,
+)
+from unicron.simulator.trace import load_trace
 
 CLUSTER = ClusterConfig(4, 8, "a100")
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from services.planner.api import Calibration
-from services.planner.clusters import A100
-from simulator.inputs import ClusterConfig, JobConfig
-from simulator.policies.oobleck import RECONFIGURE_S
-from simulator.policies.restart import DRAIN_S, RESUBMIT_S, SETUP_S, TIMEOUT_S
-from simulator.policies.unicron import DEBOUNCE_S, EXCEPTION_S
-from simulator.runner import Result, Scenario, run_policy
 from tests.simulator.conftest import trace_of
+from unicron.services.planner.api import Calibration
+from unicron.services.planner.clusters import A100
+from unicron.simulator.inputs import ClusterConfig, JobConfig
+from unicron.simulator.policies.oobleck import RECONFIGURE_S
+from unicron.simulator.policies.restart import DRAIN_S, RESUBMIT_S, SETUP_S, TIMEOUT_S
+from unicron.simulator.policies.unicron import DEBOUNCE_S, EXCEPTION_S
+from unicron.simulator.runner import Result, Scenario, run_policy
 
 HOUR = 3600.0
 CALIB = Calibration(failure_rate_per_gpu_h=1e-4)

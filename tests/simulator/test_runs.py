@@ -11,19 +11,19 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cli.simulate import simulate
-from services.planner.api import Calibration, TransitionKind
-from services.planner.clusters import CPU
-from shared.taxonomy import Severity
-from simulator.calibrate import simulated_crash_downtime
-from simulator.cluster import ClusterState, OverAllocation
-from simulator.inputs import ClusterConfig, JobConfig
-from simulator.policies import NAMES
-from simulator.policies.oobleck import OVERHEAD as OOBLECK_OVERHEAD
-from simulator.policies.unicron import DEBOUNCE_S, EXIT_S
-from simulator.runner import Scenario, run_all, run_policy
-from simulator.trace import PAPER_MIX, Failure, generate_trace
 from tests.simulator.conftest import cluster_file, write
+from unicron.cli.simulate import simulate
+from unicron.services.planner.api import Calibration, TransitionKind
+from unicron.services.planner.clusters import CPU
+from unicron.shared.taxonomy import Severity
+from unicron.simulator.calibrate import simulated_crash_downtime
+from unicron.simulator.cluster import ClusterState, OverAllocation
+from unicron.simulator.inputs import ClusterConfig, JobConfig
+from unicron.simulator.policies import NAMES
+from unicron.simulator.policies.oobleck import OVERHEAD as OOBLECK_OVERHEAD
+from unicron.simulator.policies.unicron import DEBOUNCE_S, EXIT_S
+from unicron.simulator.runner import Scenario, run_all, run_policy
+from unicron.simulator.trace import PAPER_MIX, Failure, generate_trace
 
 DAY = 86400.0
 

@@ -11,9 +11,9 @@ import os
 
 import torch.distributed as dist
 
-from trainer.handoff import Holding
-from trainer.runtime import RuntimeOptions, join_process_group
-from trainer.worker import exit_now, read_launch
+from unicron.trainer.handoff import Holding
+from unicron.trainer.runtime import RuntimeOptions, join_process_group
+from unicron.trainer.worker import exit_now, read_launch
 
 
 def main() -> int:

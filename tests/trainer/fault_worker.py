@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 
-from shared.logging import configure_logging
-from trainer.runtime import StepContext, run
-from trainer.worker import exit_now, read_launch
+from unicron.shared.logging import configure_logging
+from unicron.trainer.runtime import StepContext, run
+from unicron.trainer.worker import exit_now, read_launch
 
 
 def main() -> int:

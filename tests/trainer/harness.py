@@ -22,10 +22,10 @@ from typing import Any
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from shared.messages import Rendezvous, WorkerLaunch
-from shared.models import JobSpec, ModelConfig
-from shared.procs import die_with_parent, free_port
-from trainer.worker import launch_env
+from unicron.shared.messages import Rendezvous, WorkerLaunch
+from unicron.shared.models import JobSpec, ModelConfig
+from unicron.shared.procs import die_with_parent, free_port
+from unicron.trainer.worker import launch_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -233,7 +233,7 @@ def next_generation(launch: WorkerLaunch, generation: int) -> WorkerLaunch:
 
 
 def spawn(
-    launch: WorkerLaunch | None, module: str = "trainer.worker", **extra_env: str
+    launch: WorkerLaunch | None, module: str = "unicron.trainer.worker", **extra_env: str
 ) -> subprocess.Popen[bytes]:
     """Start a worker the way an agent does: a fresh interpreter with the launch in its env."""
     env = {k: v for k, v in os.environ.items() if k != "UNICRON_WORKER_LAUNCH"}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.reports import WORKER_REPORT, StepCompleted
 from tests.trainer.harness import AgentStandIn
-from trainer.channel import AgentChannel, Directive
+from unicron.shared.reports import WORKER_REPORT, StepCompleted
+from unicron.trainer.channel import AgentChannel, Directive
 
 
 def step_report(step: int) -> StepCompleted:

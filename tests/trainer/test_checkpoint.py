@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from shared.taxonomy import FailureCategory
 from tests.trainer.harness import agent_and_store, make_launch, make_spec, next_generation
-from trainer import checkpoint
-from trainer.runtime import StepContext, run
+from unicron.shared.taxonomy import FailureCategory
+from unicron.trainer import checkpoint
+from unicron.trainer.runtime import StepContext, run
 
 
 def test_save_keeps_the_newest_files_and_load_latest_takes_the_newest(tmp_path: Path) -> None:

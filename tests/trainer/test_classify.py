@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.taxonomy import FailureCategory as C
-from trainer.classify import RULES, classify, classify_text
-from trainer.parallel import NonFiniteLossError
+from unicron.shared.taxonomy import FailureCategory as C
+from unicron.trainer.classify import RULES, classify, classify_text
+from unicron.trainer.parallel import NonFiniteLossError
 
 GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp"
 CUDA_SUFFIX = (

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests.trainer.harness import TINY
-from trainer.data import micro_batch
-from trainer.parallel import micro_batches_for
+from unicron.trainer.data import micro_batch
+from unicron.trainer.parallel import micro_batches_for
 
 
 def test_micro_batch_is_a_pure_function_of_seed_step_and_index() -> None:

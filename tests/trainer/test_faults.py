@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shared.messages import FaultDirective, FaultKind, FaultSpec
-from shared.taxonomy import FailureCategory
 from tests.trainer.harness import (
     DISCONNECTED,
     AgentStandIn,
@@ -24,7 +22,9 @@ from tests.trainer.harness import (
     make_spec,
     spawn,
 )
-from trainer.faults import FaultInbox
+from unicron.shared.messages import FaultDirective, FaultKind, FaultSpec
+from unicron.shared.taxonomy import FailureCategory
+from unicron.trainer.faults import FaultInbox
 
 Reports = list[dict[str, Any]]
 

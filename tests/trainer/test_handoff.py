@@ -3,12 +3,12 @@ kept, what is still to do — every micro-batch exactly once."""
 
 from __future__ import annotations
 
-from shared.messages import RegroupDirective, Rendezvous
 from tests.trainer.harness import make_spec
-from trainer.handoff import Holding, Replica, fall_back_to_disk, plan_handoff
-from trainer.model import build_model
-from trainer.parallel import make_optimizer
-from trainer.regroup import RegroupInbox, is_peer_failure, park_timeout_from_env
+from unicron.shared.messages import RegroupDirective, Rendezvous
+from unicron.trainer.handoff import Holding, Replica, fall_back_to_disk, plan_handoff
+from unicron.trainer.model import build_model
+from unicron.trainer.parallel import make_optimizer
+from unicron.trainer.regroup import RegroupInbox, is_peer_failure, park_timeout_from_env
 
 
 def exactly_once(

@@ -10,13 +10,13 @@ from contextlib import contextmanager
 
 import torch
 
-from shared.models import JobSpec
 from tests.trainer.harness import agent_and_held_store, make_spec
 from tests.trainer.transitions import Executor
-from trainer import checkpoint
-from trainer.ledger import read_ledger
-from trainer.model import build_model
-from trainer.parallel import make_optimizer, train_step
+from unicron.shared.models import JobSpec
+from unicron.trainer import checkpoint
+from unicron.trainer.ledger import read_ledger
+from unicron.trainer.model import build_model
+from unicron.trainer.parallel import make_optimizer, train_step
 
 
 def reference(spec: JobSpec) -> tuple[dict[str, torch.Tensor], list[float]]:

@@ -7,11 +7,11 @@ import json
 import subprocess
 from typing import Any
 
-from shared.taxonomy import FailureCategory
 from tests.trainer.harness import DISCONNECTED, agent_and_store, make_launch, make_spec, spawn
-from trainer import checkpoint
-from trainer.model import build_model
-from trainer.parallel import make_optimizer, train_step
+from unicron.shared.taxonomy import FailureCategory
+from unicron.trainer import checkpoint
+from unicron.trainer.model import build_model
+from unicron.trainer.parallel import make_optimizer, train_step
 
 
 def finish(procs: list[subprocess.Popen[bytes]], timeout_s: float = 60) -> list[int]:

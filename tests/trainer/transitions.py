@@ -10,10 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shared.messages import FaultDirective, FaultKind, FaultSpec, RegroupDirective, WorkerLaunch
-from shared.models import JobSpec
 from tests.trainer.harness import AgentStandIn, make_launch, spawn
-from trainer.spare import AGENT_SOCKET_ENV, SPARE_ENV
+from unicron.shared.messages import (
+    FaultDirective,
+    FaultKind,
+    FaultSpec,
+    RegroupDirective,
+    WorkerLaunch,
+)
+from unicron.shared.models import JobSpec
+from unicron.trainer.spare import AGENT_SOCKET_ENV, SPARE_ENV
 
 Report = dict[str, Any]
 
@@ -43,11 +49,13 @@ class Executor:
         return base.model_copy(update={"generation": generation, "state_source_rank": source})
 
     def rendezvous(self, generation: int) -> Any:
-        from shared.messages import Rendezvous
+        from unicron.shared.messages import Rendezvous
 
         return Rendezvous(host=self.host, port=self.port, prefix=f"job-t/gen-{generation}/")
 
-    def start(self, launch: WorkerLaunch | None, module: str = "trainer.worker", **env: str) -> int:
+    def start(
+        self, launch: WorkerLaunch | None, module: str = "unicron.trainer.worker", **env: str
+    ) -> int:
         proc = spawn(launch, module, **env)
         self.procs[proc.pid] = proc
         return proc.pid

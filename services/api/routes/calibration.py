@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from services.api.access import Principal, may_see
-from services.api.deps import StateDep
-from shared.calibration import CALIBRATION_KEY, CalibrationRecord
+from unicron.services.api.access import Principal, may_see
+from unicron.services.api.deps import StateDep
+from unicron.shared.calibration import CALIBRATION_KEY, CalibrationRecord
 
 router = APIRouter(prefix="/v1/calibration", tags=["calibration"])
 

@@ -16,11 +16,11 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, status
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from services.api.access import Caller, Principal, may_see
-from services.api.deps import BusDep, SettingsDep, StateDep
-from shared.bus import Bus
-from shared.events import CloudEvent
-from shared.state import StateStore
+from unicron.services.api.access import Caller, Principal, may_see
+from unicron.services.api.deps import BusDep, SettingsDep, StateDep
+from unicron.shared.bus import Bus
+from unicron.shared.events import CloudEvent
+from unicron.shared.state import StateStore
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
 EVENTS_STREAM = "UNICRON_EVENTS"

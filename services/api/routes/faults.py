@@ -12,11 +12,11 @@ from fastapi import APIRouter, HTTPException, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 
-from services.api.access import AdminPrincipal
-from services.api.deps import BusDep, StateDep
-from shared.logging import get_logger
-from shared.messages import FaultKind, FaultSpec, InjectFault
-from shared.models import Job, JobState, WorkerRecord, WorkerState, new_id
+from unicron.services.api.access import AdminPrincipal
+from unicron.services.api.deps import BusDep, StateDep
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import FaultKind, FaultSpec, InjectFault
+from unicron.shared.models import Job, JobState, WorkerRecord, WorkerState, new_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["faults"])
 log = get_logger(component="api.faults")

@@ -7,8 +7,8 @@ import asyncio
 from fastapi import APIRouter, Response, status
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from services.api.deps import BusDep, MetricsDep, StateDep
-from shared.logging import get_logger
+from unicron.services.api.deps import BusDep, MetricsDep, StateDep
+from unicron.shared.logging import get_logger
 
 router = APIRouter(tags=["health"])
 log = get_logger(component="api.health")

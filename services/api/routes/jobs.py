@@ -12,11 +12,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 
-from services.api.access import Caller, Principal, may_see
-from services.api.deps import BusDep, StateDep
-from shared.events import JobStateChanged, JobSubmitted
-from shared.logging import get_logger
-from shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
+from unicron.services.api.access import Caller, Principal, may_see
+from unicron.services.api.deps import BusDep, StateDep
+from unicron.shared.events import JobStateChanged, JobSubmitted
+from unicron.shared.logging import get_logger
+from unicron.shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = get_logger(component="api.jobs")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from services.api.deps import StateDep
-from shared.models import NodeRecord
+from unicron.services.api.deps import StateDep
+from unicron.shared.models import NodeRecord
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 

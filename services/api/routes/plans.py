@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from services.api.access import Caller, Principal, may_see
-from services.api.deps import StateDep
-from shared.plans import Plan
-from shared.state import StateStore
+from unicron.services.api.access import Caller, Principal, may_see
+from unicron.services.api.deps import StateDep
+from unicron.shared.plans import Plan
+from unicron.shared.state import StateStore
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
