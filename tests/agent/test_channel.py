@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,6 +13,7 @@ from tests.agent.conftest import RecordingSink, start_cmd, until
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.supervisor import Supervisor, WorkerKey
 from unicron.shared.reports import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
+from unicron.trainer.channel import AgentChannel
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -88,7 +90,7 @@ async def test_launched_worker_is_known_by_its_pid(
 ) -> None:
     """A worker the supervisor launched is reachable before it sends anything (``echo`` sends
     nothing unasked: it answers ``{"step": S}`` with a report, ``{"exit": N}`` by exiting)."""
-    await supervisor.start_worker(start_cmd("job-e", "echo", generation=3, rank=1))
+    await supervisor.start_worker(*start_cmd("job-e", "echo", generation=3, rank=1))
     key = WorkerKey("job-e", 3, 1)
     await until(lambda: channel.connected(key))
     assert sink.reports.qsize() == 1  # only WorkerStarted: the pid alone identified it
@@ -106,3 +108,25 @@ async def test_oversized_line_is_rejected_and_connection_lives(
     await writer.drain()
     assert (await sink.next(StepCompleted)).step == 9
     assert not sink.letters.empty()
+
+
+async def test_a_workers_batched_reports_reach_the_bus_soon_and_in_order(
+    channel: WorkerChannel, sink: RecordingSink
+) -> None:
+    """The worker's channel writes routine reports in batches on a 10 ms tick: each one must
+    still be forwarded well within the agent's detection budget, in the order it was sent."""
+    observed: list[WorkerPhase] = []
+    channel.observe = lambda _key, r: observed.append(r) if isinstance(r, WorkerPhase) else None
+    worker = AgentChannel(str(channel.path))
+    ids = {"node_id": "n1", "job_id": "job-a", "generation": 1, "rank": 0}
+    try:
+        for n in range(1, 6):
+            began = time.monotonic()
+            worker.send(WorkerPhase(**ids, phase="compute", step=n))
+            worker.send(StepCompleted(**ids, step=n, loss=0.5, iteration_s=0.1))
+            assert (await sink.next(StepCompleted, within=5.0)).step == n
+            # The tick is 10 ms; the rest is slack for a loaded test machine.
+            assert time.monotonic() - began < 0.5
+        assert [p.step for p in observed] == [1, 2, 3, 4, 5]  # each before its step's report
+    finally:
+        await asyncio.to_thread(worker.close)
