@@ -15,8 +15,8 @@ import torch.distributed as dist
 from bench.torchrun_job import mark
 from unicron.shared.models import JobSpec, ModelConfig
 from unicron.trainer import checkpoint
+from unicron.trainer.gpt import make_optimizer, train_step
 from unicron.trainer.model import build_model
-from unicron.trainer.parallel import make_optimizer, train_step
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from unicron.shared.models import JobSpec, ModelConfig
+from unicron.trainer.gpt import make_optimizer, train_step
 from unicron.trainer.model import build_model
-from unicron.trainer.parallel import make_optimizer, train_step
 
 
 def mark(path: str, **fields: object) -> None:

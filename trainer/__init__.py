@@ -1,6 +1,6 @@
-"""Worker-side runtime: the reference GPT trainer, its data, checkpoints, the agent channel,
-step telemetry (phases, compute time), exception classification and fault drills.
-
-The node agent starts ``python -m trainer.worker`` with a JSON ``WorkerLaunch`` in
-``UNICRON_WORKER_LAUNCH``; everything else in this package serves that process.
+"""Worker-side runtime behind the public training API :mod:`unicron.train`: the elastic rank
+(regroup, hand-off, partial-step reuse, the sample ledger), the one definition of a step,
+checkpoints, the agent channel, step telemetry (phases, compute time), exception
+classification, fault drills, and the built-in GPT trainer written on that API
+(:mod:`trainer.gpt`, started by the agent as ``python -m trainer.worker``).
 """

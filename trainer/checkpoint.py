@@ -1,6 +1,7 @@
 """Disk checkpoints of the full training state, written atomically by rank 0.
 
-A checkpoint is ``<dir>/step-<n>.pt`` holding the model, the optimizer and the step. It is
+A checkpoint is ``<dir>/step-<n>.pt`` holding the model, the optimizer (and the learning-rate
+scheduler, when the run has one) and the step. It is
 written to a temporary name in the same directory and renamed into place, so a reader never
 sees half a file even if the writer dies mid-way. Only the newest few are kept.
 """
@@ -15,6 +16,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from unicron.trainer.parallel import Scheduler
 
 KEEP_LAST = 3
 
@@ -77,24 +80,41 @@ def load_latest(directory: str | Path) -> tuple[int, TrainState] | None:
     return None
 
 
-def capture(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> TrainState:
+def capture(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    scheduler: Scheduler | None = None,
+) -> TrainState:
     """Everything a run needs to continue exactly after ``step``, with tensors on the CPU.
 
-    The data order is a function of the step and the model has no randomness, so the model,
-    the optimizer and the step are the whole state.
+    The data order is a function of the step, so the model, the optimizer, the scheduler and
+    the step are the whole state (a model with randomness of its own must derive it from the
+    step, or resuming repeats no draw exactly).
     """
-    return {
+    state: TrainState = {
         "step": step,
         "model": _to_cpu(model.state_dict()),
         "optimizer": _to_cpu(optimizer.state_dict()),
     }
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    return state
 
 
-def restore(model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> int:
-    """Load ``state`` into ``model`` and ``optimizer``; returns the step it was taken after."""
+def restore(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: TrainState,
+    scheduler: Scheduler | None = None,
+) -> int:
+    """Load ``state`` into ``model``, ``optimizer`` (and ``scheduler``); returns the step it
+    was taken after."""
     model.load_state_dict(state["model"])
-    # AdamW moves its moment tensors onto each parameter's device as it loads them.
+    # Optimizers move their state tensors onto each parameter's device as they load them.
     optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
     return int(state["step"])
 
 

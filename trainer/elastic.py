@@ -1,8 +1,11 @@
 """One rank's life across generations: step, and when the group breaks or the control plane
 re-forms it, regroup in place without leaving the process (DESIGN.md §5).
 
-:class:`ElasticRank` owns the rank's memory (model, optimizer, step, the step in progress) and
-its current membership (generation, rank, world, process group). Its loop:
+:class:`ElasticRank` owns the rank's memory (the user's model, optimizer and scheduler, the
+step, the step in progress) and its current membership (generation, rank, world, process
+group). :meth:`ElasticRank.batches` is its loop, a generator: it yields the micro-batches this
+rank owes, built from the user's data by ``fetch(step, index)``, and the caller (the user's
+loop body) does each forward and backward between two of them:
 
 - a pending ``RegroupDirective`` is applied between two micro-batches — at a step boundary or
   mid-step — which is how a job is shrunk, grown, migrated or reattempted while healthy;
@@ -23,7 +26,8 @@ import os
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,7 +35,6 @@ import torch.distributed as dist
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import RegroupDirective, WorkerLaunch
 from unicron.shared.reports import WorkerHello, WorkerRegrouped
-from unicron.trainer.channel import AgentChannel
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.handoff import (
     Handoff,
@@ -42,12 +45,14 @@ from unicron.trainer.handoff import (
     resume_from_disk,
 )
 from unicron.trainer.ledger import Ledger
-from unicron.trainer.loop import StepMonitor, Trainee, run_step
-from unicron.trainer.model import build_model
-from unicron.trainer.parallel import StepInterrupted, make_optimizer
+from unicron.trainer.loop import Channel, StepMonitor, Trainee, step_micro_batches
+from unicron.trainer.parallel import StepInterrupted
 from unicron.trainer.regroup import PendingRegroup, RegroupInbox, is_peer_failure
 
 log = get_logger(component="trainer.elastic")
+
+T = TypeVar("T")
+Join = Callable[[WorkerLaunch], dist.ProcessGroup | None]
 
 
 class ParkExpired(Exception):
@@ -55,23 +60,26 @@ class ParkExpired(Exception):
 
 
 class ElasticRank:
-    """See the module doc. ``join`` forms a process group for a launch; ``report_failure``
-    sends the ``WorkerException`` of a peer failure; both come from the runtime."""
+    """See the module doc. ``group`` is the launch's group, already joined (None for a
+    joiner, which joins in its hand-off); ``join`` forms the group of a later generation;
+    ``report_failure`` sends the ``WorkerException`` of a peer failure before parking."""
 
     def __init__(
         self,
         launch: WorkerLaunch,
-        channel: AgentChannel,
+        replica: Replica,
+        channel: Channel,
         faults: FaultInbox,
         regroups: RegroupInbox,
         *,
+        group: dist.ProcessGroup | None,
         device: torch.device,
-        join: Callable[[WorkerLaunch], dist.ProcessGroup],
-        report_failure: Callable[[Exception], None],
+        join: Join,
+        report_failure: Callable[[Exception], object],
         park_timeout_s: float,
-        on_step: Callable[[int, WorkerLaunch, Replica], None] | None = None,
     ) -> None:
         self.launch = launch
+        self.replica = replica
         self.step: int | None = None
         self._channel = channel
         self._faults = faults
@@ -80,32 +88,33 @@ class ElasticRank:
         self._join = join
         self._report_failure = report_failure
         self._park_timeout_s = park_timeout_s
-        self._on_step = on_step
         self._ledger = Ledger(launch.checkpoint_dir)
-        model = build_model(launch.spec.model, launch.spec.seed, device)
-        self.replica = Replica(model, make_optimizer(model), next_step=1, has_state=False)
-        self._group: dist.ProcessGroup | None = None
+        self._group = group
         self._trainee: Trainee | None = None
         self._monitor: StepMonitor | None = None
         self._in_handoff = False
 
-    def train(self) -> None:
-        """Train to the job's last step; raises what ends the process (see module doc)."""
+    def resume(self) -> None:
+        """Take the state this launch starts from: the newest checkpoint (rank 0's, for all),
+        or for a joiner, the state a live peer hands it at the first batch."""
         launch = self.launch
         if launch.state_source_rank is None:
-            self._group = self._join(launch)
             start = resume_from_disk(self.replica, launch.rank, self._group, launch.checkpoint_dir)
             self._enter(launch, resumed_from=start if start > 0 else None)
         else:
             self._regroups.generation = launch.generation - 1  # so its own launch is not stale
             self._regroups.offer(_directive_of(launch))
-        while self.replica.next_step <= launch.spec.steps:
+
+    def batches(self, fetch: Callable[[int, int], T]) -> Iterator[T]:
+        """This rank's micro-batches up to the job's last step, each followed by the caller's
+        :meth:`backward`; raises what ends the process (see module doc)."""
+        while self.replica.next_step <= self.launch.spec.steps:
             try:
                 pending = self._regroups.take()
                 if pending is not None:
                     self._regroup(pending)
                 else:
-                    self._step()
+                    yield from self._step(fetch)
             except StepInterrupted:
                 continue  # the directive is taken at the top of the loop
             except Exception as exc:
@@ -118,6 +127,11 @@ class ElasticRank:
                 # gloo keeps its connections open and peers blocked on us never learn.
                 traceback.clear_frames(exc.__traceback__)
                 self._park(exc)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self._trainee is None:
+            raise RuntimeError("backward() before the first batch of run.batches()")
+        self._trainee.backward(loss)
 
     # --- steps ---------------------------------------------------------------------------
 
@@ -136,6 +150,7 @@ class ElasticRank:
             work=self.replica.work,
             interrupted=self._regroups.pending,
             ledger=self._ledger,
+            scheduler=self.replica.scheduler,
         )
         log.info(
             "training",
@@ -146,14 +161,13 @@ class ElasticRank:
             end=launch.spec.steps,
         )
 
-    def _step(self) -> None:
+    def _step(self, fetch: Callable[[int, int], T]) -> Iterator[T]:
         trainee, replica = self._trainee, self.replica
         assert trainee is not None
         step = self.step = replica.next_step
-        if self._on_step is not None:
-            self._on_step(step, self.launch, replica)
         try:
-            run_step(trainee, step, self._monitor)
+            for index in step_micro_batches(trainee, step, self._monitor):
+                yield fetch(step, index)
         finally:
             replica.work = trainee.work  # what is left of the step if it did not complete
         replica.next_step = step + 1
@@ -207,13 +221,14 @@ class ElasticRank:
         self.launch = launch
         self._faults.rank = launch.rank
         self._in_handoff = True
-        self._group = self._join(launch)
+        group = self._group = self._join(launch)
+        assert group is not None, "a regroup always forms a process group"
         regroup_s = time.perf_counter() - pending.received
         try:
             handoff = hand_off(
                 self.replica,
                 launch.rank,
-                self._group,
+                group,
                 directive.state_source_rank,
                 launch.spec.micro_batches,
                 launch.checkpoint_dir,

@@ -14,6 +14,8 @@ then decides the same thing on every rank:
 - the partial sums of ranks at the target are kept; the micro-batches no one covers are
   dealt round-robin over the new world, so each index is counted exactly once;
 - when no rank holds state (a group of joiners only), rank 0 reads the disk checkpoint.
+
+The state is whatever the user's run wrapped: its model, optimizer and scheduler.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from unicron.shared.logging import get_logger
 from unicron.trainer import checkpoint
-from unicron.trainer.model import GPT
-from unicron.trainer.parallel import StepWork
+from unicron.trainer.parallel import Scheduler, StepWork
 
 log = get_logger(component="trainer.handoff")
 
@@ -39,11 +41,18 @@ StateSource = Literal["memory", "peer", "checkpoint_memory", "disk", "none"]
 class Replica:
     """This rank's training state in memory, kept across regroups."""
 
-    model: GPT
+    model: nn.Module
     optimizer: torch.optim.Optimizer
     next_step: int
     has_state: bool  # False for a joiner until a peer (or the disk) gives it the state
     work: StepWork | None = None
+    scheduler: Scheduler | None = None
+
+    def capture(self, step: int) -> checkpoint.TrainState:
+        return checkpoint.capture(self.model, self.optimizer, step, self.scheduler)
+
+    def restore(self, state: checkpoint.TrainState) -> int:
+        return checkpoint.restore(self.model, self.optimizer, state, self.scheduler)
 
 
 @dataclass(frozen=True)
@@ -123,13 +132,13 @@ def hand_off(
         step = resume_from_disk(replica, rank, group, checkpoint_dir)
         source = "disk" if step > 0 else "none"
     elif plan.source is not None:
-        state = _capture(replica) if rank == plan.source else None
+        state = replica.capture(replica.next_step - 1) if rank == plan.source else None
         payload: list[object] = [state]
         dist.broadcast_object_list(payload, src=plan.source, group=group, device=_device(replica))
         if rank in plan.receivers:
             received = payload[0]
             assert isinstance(received, dict)
-            checkpoint.restore(replica.model, replica.optimizer, received)
+            replica.restore(received)
             source = "peer"
     replica.has_state = True
     replica.next_step = plan.target_step if not plan.from_disk else replica.next_step
@@ -149,10 +158,6 @@ def _work_for(replica: Replica, kept: list[int], assigned: list[int]) -> StepWor
     return StepWork(replica.next_step, list(assigned))
 
 
-def _capture(replica: Replica) -> checkpoint.TrainState:
-    return checkpoint.capture(replica.model, replica.optimizer, replica.next_step - 1)
-
-
 def _device(replica: Replica) -> torch.device | None:
     device = next(replica.model.parameters()).device
     # Object collectives stage their bytes on the device NCCL needs; gloo works on the CPU.
@@ -160,16 +165,21 @@ def _device(replica: Replica) -> torch.device | None:
 
 
 def resume_from_disk(
-    replica: Replica, rank: int, group: dist.ProcessGroup, checkpoint_dir: str
+    replica: Replica, rank: int, group: dist.ProcessGroup | None, checkpoint_dir: str
 ) -> int:
     """Continue from rank 0's newest checkpoint; returns the step it holds (0 for none).
 
     Rank 0 reads the file and broadcasts the state, so ranks on nodes that cannot see the
-    checkpoint directory still start from the same bits as rank 0.
+    checkpoint directory still start from the same bits as rank 0. Without a checkpoint rank
+    0 broadcasts its fresh state, as DDP does: a user's model need not be built identically
+    on every rank. ``group=None`` is a single process with no one to tell.
     """
     found = checkpoint.load_latest(checkpoint_dir) if rank == 0 else None
+    if rank == 0 and found is None and group is not None:
+        found = (0, replica.capture(0))
     payload: list[object] = [found]
-    dist.broadcast_object_list(payload, src=0, group=group, device=_device(replica))
+    if group is not None:
+        dist.broadcast_object_list(payload, src=0, group=group, device=_device(replica))
     received = payload[0]
     replica.has_state = True
     if received is None:
@@ -177,9 +187,11 @@ def resume_from_disk(
         return 0
     assert isinstance(received, tuple)
     step, state = received
-    checkpoint.restore(replica.model, replica.optimizer, state)
+    if rank != 0 or step > 0:
+        replica.restore(state)
     replica.next_step = int(step) + 1
-    log.info("resumed", rank=rank, step=step)
+    if step > 0:
+        log.info("resumed", rank=rank, step=step)
     return int(step)
 
 
@@ -195,7 +207,7 @@ def fall_back_to_disk(replica: Replica, checkpoint_dir: str) -> StateSource | No
         replica.next_step = 1  # the freshly built model is the state of step 0
         return "none"
     step, state = found
-    checkpoint.restore(replica.model, replica.optimizer, state)
+    replica.restore(state)
     replica.next_step = step + 1
     log.warning("state from disk after a failed transfer", step=step)
     return "disk"

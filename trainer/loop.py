@@ -1,8 +1,13 @@
 """One training step of a rank as the runtime runs it, and the monitor that watches it.
 
-:func:`run_step` is the single definition of a step: the runtime calls it with a
-:class:`StepMonitor`, the overhead benchmark also calls it bare (``monitor=None``) to measure
-what monitoring costs. The monitor is the worker's in-band telemetry (DESIGN.md §3):
+:func:`step_micro_batches` is a rank's step: :func:`trainer.parallel.train_step` plus the
+sample ledger, the step report and rank 0's checkpoint. It yields micro-batch indices and
+the caller does each forward and backward (the user's loop body, through
+:mod:`unicron.train`); :func:`run_step` drives it with the trainee's own loss function, which
+is how the overhead benchmark runs the same step with a :class:`StepMonitor` and bare
+(``monitor=None``) to measure what monitoring costs.
+
+The monitor is the worker's in-band telemetry (DESIGN.md §3):
 
 - ``WorkerPhase`` when the step enters its own compute, enters the all-reduce, and when rank 0
   starts a checkpoint — a rank that stops making progress in *compute* is the culprit, its
@@ -19,21 +24,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from unicron.shared.messages import WorkerLaunch
 from unicron.shared.reports import StepCompleted, WorkerPhase
 from unicron.trainer import checkpoint
-from unicron.trainer.channel import AgentChannel
+from unicron.trainer.channel import Report
 from unicron.trainer.faults import FaultInbox, FaultInjector
 from unicron.trainer.ledger import Ledger, LedgerEntry
-from unicron.trainer.model import GPT
-from unicron.trainer.parallel import StepWork, new_work, train_step
+from unicron.trainer.parallel import Scheduler, StepGenerator, StepWork, drive, new_work, train_step
 
 Phase = Literal["compute", "collective", "checkpoint"]
+
+
+class Channel(Protocol):
+    """Where a rank's reports go: the agent's :class:`~trainer.channel.AgentChannel`, or
+    nowhere for a script run outside Unicron."""
+
+    def send(self, report: Report) -> None: ...
+
+    def flush(self, timeout_s: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+# The mean loss of micro-batch ``index`` of ``step``, forward only: what drives a step closed.
+MicroBatchLoss = Callable[[int, int], torch.Tensor]
 
 
 @dataclass
@@ -42,16 +62,25 @@ class Trainee:
 
     ``work`` is the step in progress (kept when its collective fails, so that a regroup can
     reuse it), ``interrupted`` is asked between micro-batches whether a regroup is waiting,
-    and ``ledger`` records which micro-batches each completed step used.
+    ``ledger`` records which micro-batches each completed step used, and ``compute`` is the
+    loss function :func:`run_step` drives the step with (a user's loop body needs none).
     """
 
     launch: WorkerLaunch
-    model: GPT
+    model: nn.Module
     optimizer: torch.optim.Optimizer
     group: dist.ProcessGroup | None
     work: StepWork | None = None
     interrupted: Callable[[], bool] | None = None
     ledger: Ledger | None = None
+    scheduler: Scheduler | None = None
+    compute: MicroBatchLoss | None = None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Sum the gradient of the micro-batch just handed out (see ``StepWork.add``)."""
+        if self.work is None:
+            raise RuntimeError("backward() outside a step: call it inside the batches() loop")
+        self.work.add(loss)
 
 
 class StepMonitor:
@@ -60,7 +89,7 @@ class StepMonitor:
     def __init__(
         self,
         launch: WorkerLaunch,
-        channel: AgentChannel,
+        channel: Channel,
         inbox: FaultInbox,
         resumed_from: int | None = None,
         device: torch.device | None = None,
@@ -133,8 +162,11 @@ class StepMonitor:
         self._resumed_from = None  # only the first step after a resume says where it began
 
 
-def run_step(trainee: Trainee, step: int, monitor: StepMonitor | None) -> float:
-    """Train ``step`` and, on rank 0, checkpoint when due; returns the step's mean loss.
+def step_micro_batches(
+    trainee: Trainee, step: int, monitor: StepMonitor | None
+) -> StepGenerator[int]:
+    """Train ``step`` and, on rank 0, checkpoint when due; yields the micro-batch indices
+    whose loss the caller hands to ``trainee.backward`` and returns the step's mean loss.
 
     With ``monitor=None`` the step is bare: no timing, no phases, no reports, no drills.
     """
@@ -144,17 +176,15 @@ def run_step(trainee: Trainee, step: int, monitor: StepMonitor | None) -> float:
     work = trainee.work
     if work is None or work.step != step:
         work = trainee.work = new_work(step, launch.rank, launch.world_size, spec.micro_batches)
-    loss = train_step(
+    loss = yield from train_step(
         trainee.model,
         trainee.optimizer,
-        spec,
-        step,
-        launch.rank,
-        launch.world_size,
+        work,
+        spec.micro_batches,
         trainee.group,
         monitor,
-        work,
         trainee.interrupted,
+        trainee.scheduler,
     )
     trainee.work = None
     if trainee.ledger is not None and work.counted is not None:
@@ -167,6 +197,19 @@ def run_step(trainee: Trainee, step: int, monitor: StepMonitor | None) -> float:
     if launch.rank == 0 and (step % spec.checkpoint_every == 0 or step == spec.steps):
         if monitor is not None:
             monitor.phase("checkpoint", step)
-        state = checkpoint.capture(trainee.model, trainee.optimizer, step)
+        state = checkpoint.capture(trainee.model, trainee.optimizer, step, trainee.scheduler)
         checkpoint.save(launch.checkpoint_dir, step, state)
     return loss
+
+
+def run_step(trainee: Trainee, step: int, monitor: StepMonitor | None) -> float:
+    """:func:`step_micro_batches` driven by ``trainee.compute``; returns the step's mean loss."""
+    compute = trainee.compute
+    if compute is None:
+        raise ValueError("run_step needs a trainee with a compute (micro-batch loss) function")
+
+    def work() -> StepWork:
+        assert trainee.work is not None  # the generator made it before its first yield
+        return trainee.work
+
+    return drive(step_micro_batches(trainee, step, monitor), lambda i: compute(step, i), work)

@@ -1,44 +1,58 @@
-"""The worker runtime: one rank of one generation of a job, from launch to exit code.
+"""The worker runtime: what one rank of a job needs around the user's training loop.
 
-It says hello to the agent, joins the generation's process group through the agent-hosted
-TCP store, resumes from the newest checkpoint (or, as a joiner, from a live peer) and trains
-``spec.steps`` steps, each watched by a :class:`~trainer.loop.StepMonitor` (phases, compute
-time, step reports, fault drills), regrouping in place when told to or when a peer dies
-(:mod:`trainer.elastic`). Any exception is caught, classified and reported *before* the
-process dies, so the control plane knows why a rank failed within seconds (DESIGN.md §3); the
-exit code is then 1 — also when a parked worker got no regroup directive in time.
+:class:`Runtime` says hello to the agent over the local channel, routes the agent's
+directives (fault drills to :mod:`trainer.faults`, regroups to :mod:`trainer.regroup`), joins
+the generation's process group through the agent-hosted TCP store, and once the user's model
+and optimizer are known runs them as an :class:`~trainer.elastic.ElasticRank`. It reports
+each exception that ends the rank *once*, classified, before the process dies, so the control
+plane knows why a rank failed within seconds (DESIGN.md §3); :mod:`unicron.train` is the
+public face that calls it.
+
+Outside Unicron (no launch) the runtime is *local*: one process, no agent, no process group —
+the same code path, for debugging a script. The spec is the one given to ``init``, else the job
+file named by ``UNICRON_JOB_SPEC`` (the YAML or JSON you submit), else ``JobSpec`` defaults;
+checkpoints go to ``UNICRON_CHECKPOINT_DIR`` (a rerun resumes there), else a fresh temporary
+directory.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import yaml
+from pydantic import ValidationError
 
 # torch re-exports the stores from its C extension without listing them for type checkers.
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import WorkerLaunch
+from unicron.shared.messages import Rendezvous, WorkerLaunch
+from unicron.shared.models import JobSpec
 from unicron.shared.reports import WorkerException, WorkerHello
-from unicron.trainer.channel import AgentChannel, Directive
+from unicron.trainer.channel import AgentChannel, Directive, Report
 from unicron.trainer.classify import classify, describe_chain
 from unicron.trainer.elastic import ElasticRank, ParkExpired
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.handoff import Replica
-from unicron.trainer.model import GPT
+from unicron.trainer.loop import Channel
+from unicron.trainer.parallel import Scheduler
 from unicron.trainer.regroup import RegroupInbox, park_timeout_from_env
 
 log = get_logger(component="trainer.runtime")
 
 # Reports carry the message for people and the detector; the full text stays in the log.
 MESSAGE_LIMIT = 4000
+# A local run (no launch) reads these; an agent sets UNICRON_CHECKPOINT_DIR for every worker.
+SPEC_FILE_ENV = "UNICRON_JOB_SPEC"
+CHECKPOINT_DIR_ENV = "UNICRON_CHECKPOINT_DIR"
 
 
 @dataclass(frozen=True)
@@ -53,88 +67,175 @@ class RuntimeOptions:
     park_timeout_s: float = field(default_factory=park_timeout_from_env)
 
 
-@dataclass(frozen=True)
-class StepContext:
-    """What a fault hook sees at the start of a step."""
+class Offline:
+    """The channel of a local run: reports go nowhere."""
 
-    step: int
-    launch: WorkerLaunch
-    model: GPT
-    optimizer: torch.optim.Optimizer
+    def send(self, report: Report) -> None:
+        pass
+
+    def flush(self, timeout_s: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
 
 
-# Called at the start of every step; raising from it fails the step like a real fault would.
-FaultHook = Callable[[StepContext], None]
+class Runtime:
+    """One rank's services; see the module doc. ``launch=None`` runs locally with ``spec``."""
 
+    def __init__(
+        self,
+        launch: WorkerLaunch | None,
+        options: RuntimeOptions | None = None,
+        spec: JobSpec | None = None,
+    ) -> None:
+        self.local = launch is None
+        self.launch = launch if launch is not None else local_launch(spec or local_spec())
+        self.options = options or RuntimeOptions()
+        self.device = _device()
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self.rank: ElasticRank | None = None
+        self._reported: list[BaseException] = []
+        launch = self.launch
+        self.regroups = RegroupInbox(launch.job_id, launch.generation)
+        self.faults = FaultInbox(launch.rank, on_other=self._other)
+        self.channel: Channel = Offline()
+        if not self.local:
+            torch.set_num_threads(1)  # ranks share the node's cores; oversubscription slows all
+            warm_up()
+            self.channel = AgentChannel(launch.agent_socket, on_directive=self.faults.offer)
+            # Now, not at the first step, so the agent can reach this rank from the start.
+            seat = WorkerHello(job_id=launch.job_id, generation=launch.generation, rank=launch.rank)
+            self.channel.send(seat)
+        # A joiner forms its group in the hand-off, once it holds a replica to hand off.
+        self._group = None if launch.state_source_rank is not None else self.join(launch)
 
-def run(
-    launch: WorkerLaunch,
-    *,
-    fault_hook: FaultHook | None = None,
-    on_directive: Callable[[Directive], None] | None = None,
-    options: RuntimeOptions | None = None,
-) -> int:
-    """Train this rank to the end of the job; returns the process exit code (0 or 1).
+    def join(self, launch: WorkerLaunch) -> dist.ProcessGroup | None:
+        return None if self.local else join_process_group(launch, self.backend, self.options)
 
-    Fault directives from the agent arm drills (:mod:`trainer.faults`), regroup directives
-    re-form the group in place (:mod:`trainer.elastic`); any other directive goes to
-    ``on_directive`` (logged when there is none).
-    """
-    options = options or RuntimeOptions()
-    torch.set_num_threads(1)  # ranks share the node's cores; oversubscription only slows all
-    regroups = RegroupInbox(launch.job_id, launch.generation)
+    def start(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Scheduler | None = None,
+    ) -> ElasticRank:
+        """Run ``model`` and ``optimizer`` as this rank, resumed from where the job is."""
+        if self.rank is not None:
+            raise RuntimeError("wrap() once per run: this run already trains a model")
+        replica = Replica(model, optimizer, next_step=1, has_state=False, scheduler=scheduler)
+        group, self._group = self._group, None  # the rank owns it now (and lets it go)
+        rank = self.rank = ElasticRank(
+            self.launch,
+            replica,
+            self.channel,
+            self.faults,
+            self.regroups,
+            group=group,
+            device=self.device,
+            join=self.join,
+            report_failure=self.report,
+            park_timeout_s=self.options.park_timeout_s,
+        )
+        rank.resume()
+        return rank
 
-    def other(directive: Directive) -> None:
-        if regroups.offer(directive):
-            return
-        if on_directive is not None:
-            on_directive(directive)
-        else:
+    def report(self, exc: BaseException) -> bool:
+        """Classify ``exc`` and send it as this rank's ``WorkerException``, unless it (or an
+        exception it was raised from) was already reported or explained. True when the
+        traceback of ``exc`` itself is on stderr (printed now or before)."""
+        if any(exc is done for done in self._reported):
+            return not isinstance(exc, ParkExpired)
+        self._reported.append(exc)
+        if isinstance(exc, ParkExpired):
+            log.error("no regroup came; exiting", rank=self.launch.rank)
+            return False  # the failure that parked it was reported then
+        if any(seen is done for seen in _chain(exc) for done in self._reported[:-1]):
+            return False
+        launch = self.rank.launch if self.rank is not None else self.launch  # after regroups
+        step = self.rank.step if self.rank is not None else None
+        category = classify(exc)
+        text = describe_chain(exc)
+        # A plain traceback: the structured logger's rich one dumps every local, tensors too.
+        traceback.print_exception(exc, file=sys.stderr)
+        log.error("step failed", rank=launch.rank, step=step, category=category.value)
+        self.channel.send(
+            WorkerException(
+                node_id=launch.node_id,
+                job_id=launch.job_id,
+                generation=launch.generation,
+                rank=launch.rank,
+                pid=os.getpid(),
+                exc_type=type(exc).__name__,
+                message=text[:MESSAGE_LIMIT],
+                category=category.value,
+                step=step,
+            )
+        )
+        return True
+
+    def close(self, failed: bool) -> None:
+        """Get the last reports out and leave the process group."""
+        self.channel.flush(self.options.flush_timeout_s)
+        self.channel.close()
+        self._group = None
+        _leave_process_group(failed, self.backend)
+
+    def _other(self, directive: Directive) -> None:
+        if not self.regroups.offer(directive):
             log.info("non-fault directive ignored", directive=str(directive)[:200])
 
-    inbox = FaultInbox(launch.rank, on_other=other)
-    channel = AgentChannel(launch.agent_socket, on_directive=inbox.offer)
-    # Connects now, not at the first step, so the agent can reach this rank from the start.
-    channel.send(WorkerHello(job_id=launch.job_id, generation=launch.generation, rank=launch.rank))
-    device = _device()
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    elastic = ElasticRank(
-        launch,
-        channel,
-        inbox,
-        regroups,
-        device=device,
-        join=lambda joining: join_process_group(joining, backend, options),
-        report_failure=lambda exc: _report_exception(elastic, channel, exc),
-        park_timeout_s=options.park_timeout_s,
-        on_step=_hook_caller(fault_hook),
-    )
-    code = 0
+
+def warm_up() -> None:
+    """Import what a step needs before the first process group exists.
+
+    The first optimizer imports most of torch's compiler stack (~800 modules, seconds), and
+    that import takes references to the default process group if one exists: the group would
+    then outlive ``destroy_process_group`` and peers blocked on it would never learn it is
+    gone. One step on a throwaway scalar does the import now, before any group.
+    """
+    scalar = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.AdamW([scalar])
+    torch.autograd.backward(scalar.sum())
+    optimizer.step()
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def local_spec() -> JobSpec:
+    """The spec of a local run: the job file in ``UNICRON_JOB_SPEC``, else the defaults."""
+    path = os.environ.get(SPEC_FILE_ENV)
+    if not path:
+        return JobSpec(name="local")
     try:
-        elastic.train()
-    except ParkExpired:
-        code = 1  # the failure that parked it was reported then
-        log.error("no regroup came; exiting", rank=elastic.launch.rank)
-    except Exception as exc:
-        code = 1
-        _report_exception(elastic, channel, exc)
-    finally:
-        channel.flush(options.flush_timeout_s)
-        channel.close()
-        _leave_process_group(failed=code != 0, backend=backend)
-    return code
+        return JobSpec.model_validate(yaml.safe_load(Path(path).read_text()))
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        raise ValueError(f"{SPEC_FILE_ENV}={path} is not a readable job spec: {exc}") from None
 
 
-def _hook_caller(
-    fault_hook: FaultHook | None,
-) -> Callable[[int, WorkerLaunch, Replica], None] | None:
-    if fault_hook is None:
-        return None
-
-    def call(step: int, launch: WorkerLaunch, replica: Replica) -> None:
-        fault_hook(StepContext(step, launch, replica.model, replica.optimizer))
-
-    return call
+def local_launch(spec: JobSpec) -> WorkerLaunch:
+    """The launch of a script run outside Unicron: rank 0 of 1, checkpoints in
+    ``UNICRON_CHECKPOINT_DIR`` or a fresh temporary directory."""
+    directory = os.environ.get(CHECKPOINT_DIR_ENV) or tempfile.mkdtemp(prefix="unicron-local-")
+    log.info("running locally, outside Unicron", checkpoint_dir=directory, steps=spec.steps)
+    return WorkerLaunch(
+        node_id="local",
+        job_id="local",
+        generation=1,
+        rank=0,
+        world_size=1,
+        rendezvous=Rendezvous(host="127.0.0.1", port=0, prefix="local/"),
+        spec=spec,
+        checkpoint_dir=directory,
+        agent_socket="",
+    )
 
 
 def _device() -> torch.device:
@@ -169,28 +270,6 @@ def join_process_group(
     group = dist.group.WORLD
     assert group is not None  # init_process_group just created it
     return group
-
-
-def _report_exception(elastic: ElasticRank, channel: AgentChannel, exc: Exception) -> None:
-    launch = elastic.launch  # the current generation and rank, after any regroup
-    category = classify(exc)
-    text = describe_chain(exc)
-    # A plain traceback: the structured logger's rich one dumps every local, tensors included.
-    traceback.print_exception(exc, file=sys.stderr)
-    log.error("step failed", rank=launch.rank, step=elastic.step, category=category.value)
-    channel.send(
-        WorkerException(
-            node_id=launch.node_id,
-            job_id=launch.job_id,
-            generation=launch.generation,
-            rank=launch.rank,
-            pid=os.getpid(),
-            exc_type=type(exc).__name__,
-            message=text[:MESSAGE_LIMIT],
-            category=category.value,
-            step=elastic.step,
-        )
-    )
 
 
 def _leave_process_group(failed: bool, backend: str) -> None:

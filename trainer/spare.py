@@ -5,26 +5,31 @@ replacement rank taken from a spare skips that. ``python -m trainer.worker --spa
 ``UNICRON_WORKER_SPARE=1``) imports torch and the runtime, connects to the agent's local
 channel at ``UNICRON_AGENT_SOCKET`` and says hello as a spare — a ``WorkerHello`` with
 ``job_id=""``, ``generation=-1`` and ``rank=-1`` (the agent tells spares apart by the
-connection's peer pid, ``SO_PEERCRED``, since it started them). It then waits for one line::
-
-    {"directive": "launch", "launch": <WorkerLaunch JSON>}
-
-closes that connection and runs exactly as a worker started with that launch: it connects
-anew and says hello as its rank, and joins as a joiner when ``state_source_rank`` is set.
-Other lines before the launch are logged and ignored; the agent closing the connection
-releases the spare (exit 0).
+connection's peer pid, ``SO_PEERCRED``, since it started them). It then waits for one
+``SpareLaunch`` line (``{"directive": "launch", "launch": <WorkerLaunch>, "script": …}``),
+closes that connection and runs exactly as a worker started with that launch: the reference
+trainer, or — with ``script`` — the job's own Python script or module, run in this process with
+the argv, environment and working directory a fresh process would have had (:func:`run_script`).
+The worker connects anew and says hello as its rank, and joins as a joiner when
+``state_source_rank`` is set. Other lines before the launch are logged and ignored; the agent
+closing the connection releases the spare (exit 0).
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import json
+import os
+import runpy
 import socket
+import sys
 import time
 
 from pydantic import ValidationError
 
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import WorkerLaunch
+from unicron.shared.messages import ScriptLaunch, SpareLaunch
 from unicron.shared.reports import WorkerHello
 
 log = get_logger(component="trainer.spare")
@@ -36,19 +41,13 @@ SPARE_HELLO = WorkerHello(job_id="", generation=-1, rank=-1)
 
 def warm_up() -> None:
     """Import what every worker needs before its first step, so a launch starts at once."""
-    import torch
+    importlib.import_module("unicron.trainer.gpt")  # and with it unicron.train, the runtime
+    from unicron.trainer.runtime import warm_up as warm_up_runtime
 
-    import unicron.trainer.runtime  # noqa: F401
-
-    # The first optimizer imports most of torch's compiler stack (~800 modules, seconds);
-    # one step on a throwaway scalar does that now instead of after the launch.
-    scalar = torch.zeros(1, requires_grad=True)
-    optimizer = torch.optim.AdamW([scalar])
-    torch.autograd.backward(scalar.sum())
-    optimizer.step()
+    warm_up_runtime()
 
 
-def wait_for_launch(path: str, connect_timeout_s: float = 30.0) -> WorkerLaunch | None:
+def wait_for_launch(path: str, connect_timeout_s: float = 30.0) -> SpareLaunch | None:
     """Say hello as a spare on the agent socket at ``path`` and return the launch it sends;
     None when the agent closes the connection first. Raises ValueError for a bad launch."""
     sock = _connect(path, connect_timeout_s)
@@ -78,7 +77,7 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
             time.sleep(0.05)  # the agent is still starting its listener
 
 
-def _launch_of(line: bytes) -> WorkerLaunch | None:
+def _launch_of(line: bytes) -> SpareLaunch | None:
     try:
         message = json.loads(line)
     except ValueError:
@@ -87,6 +86,37 @@ def _launch_of(line: bytes) -> WorkerLaunch | None:
         log.info("spare ignores a line that is not a launch", line=line[:200])
         return None
     try:
-        return WorkerLaunch.model_validate(message.get("launch"))
+        return SpareLaunch.model_validate(message)
     except ValidationError as exc:
-        raise ValueError(f"not a valid WorkerLaunch: {exc}") from None
+        raise ValueError(f"not a valid SpareLaunch: {exc}") from None
+
+
+def run_script(script: ScriptLaunch) -> int:
+    """Run the job's own ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` in this process as
+    the interpreter would have (``__main__``, ``sys.argv``, ``sys.path[0]``, environment, working
+    directory); its exit code. The modules the spare loaded (torch, unicron) stay loaded: that
+    is the time a spare saves."""
+    os.environ.clear()
+    os.environ.update(script.env)
+    if script.cwd is not None:
+        os.chdir(script.cwd)
+    args = script.argv[1:]
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            path = os.path.abspath(args[0])
+            sys.argv = list(args)
+            sys.path.insert(0, os.path.dirname(path))
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())  # unicron.train's hook reports it and exits 1 itself
+        code = 1
+    else:
+        code = 0
+    atexit._run_exitfuncs()  # the script's own, and unicron.train's flush of the last reports
+    return code

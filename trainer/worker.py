@@ -1,4 +1,5 @@
-"""Entrypoint of a worker process: ``python -m trainer.worker [--spare]``.
+"""Entrypoint of a worker process of the built-in GPT trainer: ``python -m trainer.worker
+[--spare]``; it runs :mod:`trainer.gpt`, a script on the public :mod:`unicron.train` API.
 
 The node agent starts one per rank with the JSON of a ``WorkerLaunch`` in the environment
 variable ``UNICRON_WORKER_LAUNCH``, or a warm spare (``--spare`` or ``UNICRON_WORKER_SPARE=1``)
@@ -51,10 +52,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer.worker: {exc}", file=sys.stderr)
         return EXIT_BAD_LAUNCH
     configure_logging(f"trainer.rank{launch.rank}")
-    # Imported only now so that a bad launch fails fast, without loading torch.
-    from unicron.trainer.runtime import run
+    return train_gpt(launch)
 
-    return run(launch)
+
+def train_gpt(launch: WorkerLaunch) -> int:
+    """Run the GPT trainer for ``launch``; an exception that ends it is reported and exits 1
+    through the hook :func:`unicron.train.init` installs."""
+    # Imported only now so that a bad launch fails fast, without loading torch.
+    from unicron.train import init
+    from unicron.trainer import gpt
+
+    run = init(launch)
+    gpt.train(run)
+    run.close()
+    return EXIT_OK
 
 
 def spare_main() -> int:
@@ -68,22 +79,22 @@ def spare_main() -> int:
         return EXIT_BAD_LAUNCH
     spare.warm_up()
     try:
-        launch = spare.wait_for_launch(path)
+        taken = spare.wait_for_launch(path)
     except (OSError, ValueError) as exc:
         print(f"trainer.worker: spare got no valid launch: {exc}", file=sys.stderr)
         return EXIT_BAD_LAUNCH
-    if launch is None:
+    if taken is None:
         return EXIT_OK  # released by the agent
-    configure_logging(f"trainer.rank{launch.rank}")
-    from unicron.trainer.runtime import run
-
-    return run(launch)
+    configure_logging(f"trainer.rank{taken.launch.rank}")
+    if taken.script is not None:
+        return spare.run_script(taken.script)
+    return train_gpt(taken.launch)
 
 
 def exit_now(code: int) -> None:
     """Leave without running interpreter teardown, which can hang on a broken process group.
 
-    Everything worth keeping (reports, checkpoints) is already out when ``run`` returns.
+    Everything worth keeping (reports, checkpoints) is already out when the run is closed.
     """
     sys.stdout.flush()
     sys.stderr.flush()

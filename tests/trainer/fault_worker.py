@@ -1,7 +1,8 @@
-"""A worker with a fault hook, for tests: ``python -m tests.trainer.fault_worker``.
+"""The GPT worker with a fault in its loop body: ``python -m tests.trainer.fault_worker``.
 
 ``UNICRON_TEST_FAULT`` is JSON ``{"rank": r, "step": s, "message": "..."}``: that rank raises
-``RuntimeError(message)`` at the start of that step, as if a real fault had struck there.
+``RuntimeError(message)`` in the loop body at that step, outside anything Unicron runs —
+the exception hook of :func:`unicron.train.init` must still report it before the exit.
 """
 
 from __future__ import annotations
@@ -9,21 +10,25 @@ from __future__ import annotations
 import json
 import os
 
+import unicron.train
 from unicron.shared.logging import configure_logging
-from unicron.trainer.runtime import StepContext, run
-from unicron.trainer.worker import exit_now, read_launch
+from unicron.trainer import gpt
+from unicron.trainer.model import GPT
+from unicron.trainer.worker import exit_now
 
 
 def main() -> int:
-    launch = read_launch()
     fault = json.loads(os.environ["UNICRON_TEST_FAULT"])
-    configure_logging(f"trainer.rank{launch.rank}")
+    run = unicron.train.init()
+    configure_logging(f"trainer.rank{run.rank}")
 
-    def hook(ctx: StepContext) -> None:
-        if ctx.launch.rank == fault["rank"] and ctx.step == fault["step"]:
+    def hook(run: unicron.train.Run, model: GPT) -> None:
+        if run.rank == fault["rank"] and run.step == fault["step"]:
             raise RuntimeError(fault["message"])
 
-    return run(launch, fault_hook=hook)
+    gpt.train(run, hook)
+    run.close()
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,10 +7,22 @@ from typing import Any
 
 import torch
 
+import unicron.train
 from tests.trainer.harness import agent_and_store, make_launch, make_spec, next_generation
+from unicron.shared.messages import WorkerLaunch
 from unicron.shared.taxonomy import FailureCategory
-from unicron.trainer import checkpoint
-from unicron.trainer.runtime import StepContext, run
+from unicron.trainer import checkpoint, gpt
+from unicron.trainer.model import GPT
+
+
+def run(launch: WorkerLaunch, hook: gpt.Hook | None = None) -> int:
+    """The GPT trainer in this process; the exit code a worker process would have."""
+    try:
+        with unicron.train.init(launch) as session:
+            gpt.train(session, hook)
+    except Exception:
+        return 1
+    return 0
 
 
 def test_save_keeps_the_newest_files_and_load_latest_takes_the_newest(tmp_path: Path) -> None:
@@ -42,12 +54,12 @@ def test_a_run_stopped_and_resumed_ends_where_an_uninterrupted_run_ends() -> Non
         whole = make_launch(spec, rendezvous, agent, scratch / "whole")
         assert run(whole) == 0
 
-        def crash_at_5(ctx: StepContext) -> None:
-            if ctx.step == 5:
+        def crash_at_5(session: unicron.train.Run, model: GPT) -> None:
+            if session.step == 5:
                 raise RuntimeError("injected")
 
         parts = next_generation(make_launch(spec, rendezvous, agent, scratch / "parts"), 2)
-        assert run(parts, fault_hook=crash_at_5) == 1
+        assert run(parts, crash_at_5) == 1
         assert run(next_generation(parts, 3)) == 0
 
         reports = agent.collect(lambda got: len(got) == 6 + 4 + 1 + 2, timeout_s=30)
@@ -66,15 +78,13 @@ def test_a_run_stopped_and_resumed_ends_where_an_uninterrupted_run_ends() -> Non
 def test_a_nan_loss_is_reported_as_nan_loss_before_the_run_fails() -> None:
     spec = make_spec(steps=5)
 
-    def poison_at_3(ctx: StepContext) -> None:
-        if ctx.step == 3:
+    def poison_at_3(session: unicron.train.Run, model: GPT) -> None:
+        if session.step == 3:
             with torch.no_grad():
-                ctx.model.ln_f.bias.fill_(float("nan"))
+                model.ln_f.bias.fill_(float("nan"))
 
     with agent_and_store() as (agent, rendezvous, scratch):
-        assert (
-            run(make_launch(spec, rendezvous, agent, scratch / "ck"), fault_hook=poison_at_3) == 1
-        )
+        assert run(make_launch(spec, rendezvous, agent, scratch / "ck"), poison_at_3) == 1
         reports = agent.collect(lambda got: got[-1]["kind"] == "worker_exception" if got else False)
         kept = [step for step, _ in checkpoint.list_checkpoints(scratch / "ck")]
     assert [r["step"] for r in reports] == [1, 2, 3]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from tests.trainer.harness import make_spec
 from unicron.shared.messages import RegroupDirective, Rendezvous
+from unicron.trainer.gpt import make_optimizer
 from unicron.trainer.handoff import Holding, Replica, fall_back_to_disk, plan_handoff
 from unicron.trainer.model import build_model
-from unicron.trainer.parallel import make_optimizer
 from unicron.trainer.regroup import RegroupInbox, is_peer_failure, park_timeout_from_env
 
 

@@ -14,9 +14,9 @@ from tests.trainer.harness import agent_and_held_store, make_spec
 from tests.trainer.transitions import Executor
 from unicron.shared.models import JobSpec
 from unicron.trainer import checkpoint
+from unicron.trainer.gpt import make_optimizer, train_step
 from unicron.trainer.ledger import read_ledger
 from unicron.trainer.model import build_model
-from unicron.trainer.parallel import make_optimizer, train_step
 
 
 def reference(spec: JobSpec) -> tuple[dict[str, torch.Tensor], list[float]]:
