@@ -6,6 +6,7 @@ answer at all) and :class:`ApiError` (the server answered with an error and says
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -20,6 +21,7 @@ from unicron.shared.models import Job, NodeRecord
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 # A followed event stream carries a ping every 15 s; four missed pings mean the server is gone.
 STREAM_READ_TIMEOUT_S = 60.0
+UPLOAD_TIMEOUT_S = 300.0  # a package may be 100 MiB
 
 
 class ApiUnreachable(Exception):
@@ -120,6 +122,19 @@ class ApiClient:
         response = self._request("POST", "/v1/jobs", json=spec, headers=headers)
         replayed = response.headers.get("Idempotent-Replayed") == "true"
         return Job.model_validate(response.json()), replayed
+
+    def upload_package(self, data: bytes) -> str:
+        """Upload a tar.gz package; returns the ``pkg://<sha256>`` a job names it by."""
+        sha256 = hashlib.sha256(data).hexdigest()
+        response = self._request(
+            "POST",
+            "/v1/packages",
+            params={"sha256": sha256},
+            content=data,
+            headers={"Content-Type": "application/gzip"},
+            timeout=UPLOAD_TIMEOUT_S,
+        )
+        return str(response.json()["working_dir"])
 
     def jobs(self) -> list[Job]:
         return [Job.model_validate(j) for j in self._request("GET", "/v1/jobs").json()]

@@ -1,8 +1,10 @@
 """Job commands: ``submit`` (from a YAML file and/or options, optionally followed), ``status``
-and ``cancel``."""
+and ``cancel``. With ``--working-dir DIR`` the job runs its ``entrypoint`` from DIR, uploaded
+as a package first (:mod:`cli.packages`)."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +17,7 @@ from rich.text import Text
 
 from unicron.cli.client import DEFAULT_API_URL, ApiClient
 from unicron.cli.common import EXIT_JOB_UNSUCCESSFUL, EXIT_REFUSED, ApiUrl, api, console, fail
+from unicron.cli.packages import check_script, pack
 from unicron.cli.render import history_line, job_detail, jobs_table, state_text
 from unicron.shared.models import Job, JobState
 
@@ -29,6 +32,7 @@ SPEC_OPTIONS = {
     "micro_batch": "micro_batch",
     "seed": "seed",
     "checkpoint_every": "checkpoint_every",
+    "max_restarts": "max_restarts",
 }
 
 
@@ -45,7 +49,14 @@ def load_spec_file(path: Path) -> dict[str, Any]:
 def build_spec(file: Path | None, options: dict[str, Any]) -> dict[str, Any]:
     """The file's fields, overridden by the options given on the command line."""
     spec = load_spec_file(file) if file is not None else {}
-    spec.update({SPEC_OPTIONS[k]: v for k, v in options.items() if v is not None})
+    spec.update(
+        {SPEC_OPTIONS[k]: v for k, v in options.items() if k in SPEC_OPTIONS and v is not None}
+    )
+    if options.get("entrypoint") is not None:
+        try:
+            spec["entrypoint"] = shlex.split(options["entrypoint"])
+        except ValueError as exc:
+            fail(f"--entrypoint: {exc}", EXIT_REFUSED)
     if "name" not in spec:
         fail("give a job spec FILE or --name", EXIT_REFUSED)
     return spec
@@ -87,6 +98,16 @@ def submit(
     micro_batch: Annotated[int | None, typer.Option(help="Samples per micro-batch.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of data order and init.")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Steps per checkpoint.")] = None,
+    entrypoint: Annotated[
+        str | None, typer.Option(help="Your command, e.g. 'python train.py' (shell-quoted).")
+    ] = None,
+    working_dir: Annotated[
+        Path | None,
+        typer.Option(help="Directory to upload and run the entrypoint in (at most 100 MiB)."),
+    ] = None,
+    max_restarts: Annotated[
+        int | None, typer.Option(help="Restarts after failures of your own code.")
+    ] = None,
     idempotency_key: Annotated[
         str | None, typer.Option(help="Resubmitting with the same key returns the same job.")
     ] = None,
@@ -100,10 +121,19 @@ def submit(
     api_url: ApiUrl = DEFAULT_API_URL,
 ) -> None:
     """Submit a training job from a YAML FILE and/or options (options override the file)."""
-    options = {k: v for k, v in locals().items() if k in SPEC_OPTIONS}
+    options = {k: v for k, v in locals().items() if k in SPEC_OPTIONS or k == "entrypoint"}
     spec = build_spec(file, options)
+    package = None
+    if working_dir is not None:
+        argv = spec.get("entrypoint")
+        if not isinstance(argv, list) or not argv:
+            fail("--working-dir needs an entrypoint (--entrypoint or in FILE)", EXIT_REFUSED)
+        check_script([str(a) for a in argv], working_dir)
+        package = pack(working_dir)
     out = console()
     with api(api_url) as client:
+        if package is not None:
+            spec["working_dir"] = client.upload_package(package)
         job, replayed = client.submit(spec, idempotency_key)
         note = " (already submitted with this idempotency key)" if replayed else ""
         out.print(Text.assemble(f"{job.id} ", (job.name, "bold"), " ", state_text(job.state), note))

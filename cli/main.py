@@ -10,6 +10,7 @@ from unicron.cli.common import global_options
 from unicron.cli.demo import demo
 from unicron.cli.faults import fault
 from unicron.cli.jobs import cancel, status, submit
+from unicron.cli.logs import logs
 from unicron.cli.plan import plan
 from unicron.cli.simulate import simulate
 from unicron.cli.stack import up
@@ -32,6 +33,7 @@ app.command()(cancel)
 app.command()(nodes)
 app.command()(events)
 app.command()(fault)
+app.command()(logs)
 app.command()(plan)
 app.command()(calibration)
 app.command()(simulate)

@@ -5,6 +5,7 @@ User-supplied text (reasons, names) is passed as ``Text`` so rich never reads it
 
 from __future__ import annotations
 
+import shlex
 import time
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,14 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from unicron.shared.events import CloudEvent
-from unicron.shared.models import HistoryEntry, Job, JobState, NodeRecord, NodeState
+from unicron.shared.models import (
+    FailureRecord,
+    HistoryEntry,
+    Job,
+    JobState,
+    NodeRecord,
+    NodeState,
+)
 
 STATE_STYLES = {
     JobState.PENDING: "yellow",
@@ -74,6 +82,22 @@ def history_line(entry: HistoryEntry) -> Text:
     return Text.assemble(clock(entry.at), "  ", state_text(entry.state), "  ", entry.reason)
 
 
+def failure_text(failure: FailureRecord) -> Text:
+    """``kind: category (severity, action) on rank R @ node``, then the exception's text."""
+    where = f" on rank {failure.rank}" if failure.rank is not None else ""
+    where += f" @ {failure.node_id}" if failure.node_id else ""
+    head = f"{failure.kind}: {failure.category} ({failure.severity}, {failure.action}){where}"
+    text = Text(head)
+    if failure.exc_type or failure.message:
+        text.append(f"\n{failure.exc_type or 'error'}: {_short(failure.message or '')}")
+    return text
+
+
+def _short(message: str, lines: int = 6, width: int = 400) -> str:
+    kept = message.strip().splitlines()[:lines]
+    return "\n".join(line[:width] for line in kept)
+
+
 def job_detail(job: Job) -> Group:
     spec = job.spec
     summary = Table.grid(padding=(0, 2))
@@ -89,9 +113,10 @@ def job_detail(job: Job) -> Group:
         ("weight", f"{spec.weight:g}"),
         ("submitted", f"{clock(job.submitted_at)} ({ago(job.submitted_at)})"),
     ]
+    if job.spec.entrypoint is not None:
+        rows.append(("entrypoint", Text(shlex.join(job.spec.entrypoint))))
     if job.last_failure is not None:
-        failure = job.last_failure
-        rows.append(("last failure", f"{failure.kind} ({failure.severity}, {failure.action})"))
+        rows.append(("last failure", failure_text(job.last_failure)))
     for key, value in rows:
         summary.add_row(Text(key, style="bold"), value)
     workers = _table("RANK", "NODE", "PID", "STATE", title="workers")
@@ -135,11 +160,13 @@ def event_line(seq: int, event: CloudEvent) -> Text:
     at = datetime.fromisoformat(event.time).astimezone().strftime("%H:%M:%S.%f")[:-3]
     parts = [f"{data['old']} → {data['new']}"] if {"old", "new"} <= data.keys() else []
     for key, value in data.items():
-        if key in ("old", "new") or key.endswith("_at") or value == event.subject:
+        if key in ("old", "new", "message") or key.endswith("_at") or value == event.subject:
             continue
         shown = _field(value)
         if shown is not None:
             parts.append(f"{key}={shown}")
+    if data.get("message"):  # one line however many the exception's text has
+        parts.append(f"message={_short(str(data['message']), lines=3)!r}")
     if isinstance(data.get("spec"), dict):
         spec = data["spec"]
         parts.append(

@@ -80,6 +80,8 @@ class FailureDetected(EventData):
     observed_at: float
     detected_at: float = Field(default_factory=now)
     evidence: dict[str, Any] = Field(default_factory=dict)
+    exc_type: str | None = Field(None, description="the exception behind it, when one was seen")
+    message: str | None = Field(None, description="the exception's text")
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.failure_id}"

@@ -59,12 +59,19 @@ class GroupSeat(Message):
 
 
 class StartWorker(GroupSeat):
-    """Launch one rank of one generation; idempotent on (job_id, generation, rank)."""
+    """Launch one rank of one generation; idempotent on (job_id, generation, rank).
+
+    It names the job, never what to run: the agent reads the spec from the job record the API
+    accepted, so nothing on the bus becomes a command line. The placement fields are what
+    torchrun calls LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK.
+    """
 
     kind: Literal["start_worker"] = "start_worker"
     command_id: str = Field(default_factory=lambda: new_id("cmd"))
-    spec: JobSpec
     checkpoint_dir: str
+    local_rank: int = Field(0, ge=0, description="its index among the job's ranks on the node")
+    local_world_size: int = Field(1, ge=1, description="the job's ranks on the node")
+    group_rank: int = Field(0, ge=0, description="the node's index among the job's nodes")
 
 
 class StopWorkers(Message):
@@ -104,6 +111,25 @@ class WorkerLaunch(GroupSeat):
     spec: JobSpec
     checkpoint_dir: str
     agent_socket: str = Field(description="unix socket of the agent's local channel")
+
+
+class ScriptLaunch(Message):
+    """A user's entrypoint for a warm spare to run in its own process: ``argv`` is
+    ``[python, SCRIPT, ARGS…]`` or ``[python, -m, MODULE, ARGS…]``, run with exactly ``env`` in
+    ``cwd`` — what a fresh process of that entrypoint would have been given."""
+
+    argv: list[str] = Field(min_length=2)
+    env: dict[str, str]
+    cwd: str | None = None
+
+
+class SpareLaunch(Message):
+    """Agent → warm spare over the local channel: become this worker (``trainer.spare``);
+    ``script`` None runs the reference trainer."""
+
+    directive: Literal["launch"] = "launch"
+    launch: WorkerLaunch
+    script: ScriptLaunch | None = None
 
 
 class FaultKind(str, Enum):

@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 import uuid
 from enum import Enum
-from typing import Literal, Self
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
+
+from unicron.shared.jobspec import JobSpec as JobSpec
+from unicron.shared.jobspec import ModelConfig as ModelConfig
 
 
 def now() -> float:
@@ -77,56 +80,6 @@ class NodeState(str, Enum):
     DRAINED = "DRAINED"
 
 
-class ModelConfig(BaseModel):
-    """Shape of the reference GPT; the defaults give about 0.8 million parameters."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    n_layer: int = Field(4, ge=1, le=96)
-    n_head: int = Field(4, ge=1, le=128)
-    d_model: int = Field(128, ge=8, le=16384)
-    seq_len: int = Field(64, ge=2, le=32768)
-    vocab: int = Field(256, ge=2, le=1_000_000)
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> Self:
-        if self.d_model % self.n_head:
-            raise ValueError("d_model must be a multiple of n_head")
-        return self
-
-
-class JobSpec(BaseModel):
-    """What a user submits: the body of ``POST /v1/jobs``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    trainer: Literal["gpt"] = "gpt"
-    steps: int = Field(100, gt=0, le=10_000_000)
-    global_batch: int = Field(16, gt=0)
-    micro_batch: int = Field(4, gt=0)
-    min_workers: int = Field(1, ge=1, le=4096)
-    max_workers: int = Field(4, ge=1, le=4096)
-    weight: float = Field(1.0, gt=0)
-    seed: int = 0
-    checkpoint_every: int = Field(20, gt=0)
-    model: ModelConfig = Field(default_factory=lambda: ModelConfig())
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
-        if self.min_workers > self.max_workers:
-            raise ValueError("min_workers must not exceed max_workers")
-        if self.global_batch % self.micro_batch:
-            raise ValueError("global_batch must be a multiple of micro_batch")
-        if self.global_batch // self.micro_batch < self.min_workers:
-            raise ValueError("global_batch / micro_batch must be at least min_workers")
-        return self
-
-    @property
-    def micro_batches(self) -> int:
-        return self.global_batch // self.micro_batch
-
-
 class PlanAction(str, Enum):
     """What the executor must do for one job to reach the plan."""
 
@@ -181,6 +134,9 @@ class FailureRecord(BaseModel):
     observed_at: float
     detected_at: float | None = Field(None, description="when failure.detected was published")
     step: int | None = Field(None, description="the job's last completed step when it failed")
+    exc_type: str | None = Field(None, description="the exception a worker reported or wrote")
+    message: str | None = Field(None, description="its text (the last lines of its chain)")
+    at: float | None = Field(None, description="when it was observed (as observed_at)")
 
 
 class Job(BaseModel):
@@ -196,6 +152,9 @@ class Job(BaseModel):
     generation: int = 0
     world_size: int = 0
     recoveries: int = 0
+    code_failures: int = Field(
+        0, description="failures in the job's own code (software_other), against max_restarts"
+    )
     workers: list[WorkerRecord] = Field(default_factory=list)
     history: list[HistoryEntry] = Field(default_factory=list)
     last_failure: FailureRecord | None = None

@@ -101,7 +101,8 @@ class WorkerHung(_WorkerMessage):
 
 
 class WorkerException(_WorkerMessage):
-    """An exception caught by the worker runtime, reported before the process dies."""
+    """An exception caught by the worker runtime, reported before the process dies; or, for a
+    plain script, read by its agent from the tail of the worker's log after it exited."""
 
     kind: Literal["worker_exception"] = "worker_exception"
     pid: int
@@ -109,6 +110,9 @@ class WorkerException(_WorkerMessage):
     message: str
     category: str
     step: int | None = None
+    launch_failed: bool = Field(
+        False, description="the agent could not execute the job's command: no restart can help"
+    )
 
 
 AnyWorkerReport = (

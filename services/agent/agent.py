@@ -18,16 +18,27 @@ import structlog
 from nats.aio.msg import Msg
 
 from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.failures import launch_failure_reports
 from unicron.services.agent.faults import FaultInjector
 from unicron.services.agent.gpus import SlotPool, visible_devices
 from unicron.services.agent.hang import HangWatch
-from unicron.services.agent.outbox import Outbox
+from unicron.services.agent.logs import LogServer
+from unicron.services.agent.master import MasterStores
+from unicron.services.agent.outbox import Outbox, Report
+from unicron.services.agent.packages import PackageDirs
+from unicron.services.agent.prepare import LaunchRefusedError, StartPreparer
 from unicron.services.agent.registry import build_registry
 from unicron.services.agent.regroup import Regrouper
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.spares import SparePool
 from unicron.services.agent.store import RendezvousStore
-from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from unicron.services.agent.supervisor import (
+    CommandRejectedError,
+    Supervisor,
+    Worker,
+    WorkerKey,
+)
+from unicron.services.agent.workers import Generation
 from unicron.shared.bus import Bus
 from unicron.shared.events import NodeJoined
 from unicron.shared.logging import get_logger
@@ -68,6 +79,9 @@ class Agent:
             self.outbox,
         )
         self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
+        self.masters = MasterStores(settings.host, self.store.bind_host)
+        packages = PackageDirs(bus.js, settings.data_dir)
+        self.preparer = StartPreparer(state, packages, self.masters)
         registry = self.supervisor.registry
         spare_argv = registry.argv(SPARE_TRAINER) if SPARE_TRAINER in registry.names() else []
         self.spares = SparePool(
@@ -85,11 +99,12 @@ class Agent:
             self.outbox,
             identify=self._identify,
             on_generation=self.supervisor.advance,
-            observe=self.hangs.observe,
+            observe=self._observe,
         )
         self.spares.channel = self.channel
         self.faults = FaultInjector(self.channel, self.supervisor)
-        self.regroups = Regrouper(self.channel, self.supervisor, on_regroup=self.hangs.regrouped)
+        self.logs = LogServer.of(self.supervisor)
+        self.regroups = Regrouper(self.channel, self.supervisor, on_regroup=self._regrouped)
         self._hang_task: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -105,6 +120,7 @@ class Agent:
             await self._register_first()
             # The detector pings agents to tell a dead node from a network error.
             await self.bus.nc.subscribe(ping_subject(self.node_id), cb=self._pong)
+            await self.logs.serve(self.bus.nc)
             await self.bus.consume(
                 command_subject(self.node_id),
                 durable=f"agent-{self.node_id}",
@@ -128,7 +144,16 @@ class Agent:
         await self.supervisor.shutdown(self.settings.stop_wait_s)
         await self.channel.close()
         await self.outbox.close()  # lets the workers' exit reports go out first
+        self.masters.close_all()
         self.store.close()
+
+    def _regrouped(self, worker: Worker) -> None:
+        self.hangs.regrouped(worker)
+        self.logs.regrouped(worker)
+
+    def _observe(self, launched: WorkerKey | None, report: Report) -> None:
+        self.hangs.observe(launched, report)
+        self.supervisor.observe(launched, report)
 
     def _identify(self, pid: int) -> WorkerKey | None:
         """Who a process that connects to the channel is: a worker, or a warm spare."""
@@ -143,9 +168,10 @@ class Agent:
                 if len(self.supervisor.live()) >= self.settings.slots:
                     # the plan is the authority on slots; refusing here could stall a recovery
                     log.warning("starting a worker beyond the node's slots", job_id=cmd.job_id)
-                await self.supervisor.start_worker(cmd)
+                await self._start(cmd)
             elif isinstance(cmd, StopWorkers):
                 await self.supervisor.stop_workers(cmd, self.settings.stop_wait_s)
+                self.masters.close(cmd.job_id, cmd.below_generation)
             elif isinstance(cmd, RegroupWorker):
                 await self.regroups.regroup(cmd)
             elif isinstance(cmd, InjectFault):
@@ -153,6 +179,20 @@ class Agent:
         except CommandRejectedError as exc:
             payload = cmd.model_dump_json().encode()
             self.outbox.dead_letter(command_subject(self.node_id), payload, str(exc))
+
+    async def _start(self, cmd: StartWorker) -> None:
+        """Start what the job record says, never what a message says (see ``prepare``)."""
+        if not self.supervisor.wanted(cmd):
+            return
+        try:
+            ctx = await self.preparer.prepare(cmd)
+        except LaunchRefusedError as exc:
+            for report in launch_failure_reports(self.node_id, cmd, exc.exc_type, exc.message):
+                self.outbox.report(report)
+            log.error("worker cannot start", job_id=cmd.job_id, rank=cmd.rank, why=exc.message)
+            return
+        if ctx is not None:
+            await self.supervisor.start_worker(cmd, ctx)
 
     # --- registration and heartbeat ----------------------------------------------------
 
@@ -189,8 +229,12 @@ class Agent:
         node.spares_ready = len(self.spares.ready())
         return True
 
+    def _running(self) -> set[Generation]:
+        return {(w.current.job_id, w.current.generation) for w in self.supervisor.live()}
+
     async def heartbeat_once(self) -> None:
         """Register (again, if the record vanished) or refresh last_heartbeat and used."""
+        self.masters.sweep(self._running())
         if self.registered:
             node = await self.state.update_node(self.node_id, self._beat)
             if node is not None:

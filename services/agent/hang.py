@@ -12,6 +12,9 @@ and the checkpoint's time does not count against the step after it.
 A hung worker is reported once per (job, generation, rank, last step) as ``WorkerHung`` with
 its ``/proc`` state (``T``: stopped by a signal, which never shows up as an exit) and the phase
 it last announced. ``WorkerPhase`` lines only feed this module; they never reach the bus.
+A job's own entrypoint (a plain script) may never report a step: its workers are watched only
+once they have reported something, so a script that does not use the training API is never
+taken for hung.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Track:
     suspect_at: float | None = None  # the check that first found it silent for too long
     reported: bool = False
     rejoining: bool = False  # told to re-form in place: the startup floor until its next step
+    heard: bool = False  # it has reported a step or a phase
 
     def __post_init__(self) -> None:
         self.iterations = deque(maxlen=self.window)
@@ -98,6 +102,7 @@ class HangWatch:
         if worker is None:
             return
         track = self._track(worker)
+        track.heard = True
         at = self.clock()
         ident = WorkerKey(report.job_id, report.generation, report.rank)
         if ident != track.ident:  # re-formed in place: that is progress, with a fresh clock
@@ -152,6 +157,10 @@ class HangWatch:
         hung = []
         for worker in live:
             track = self._tracks[worker.key]
+            if worker.plain and not track.heard:
+                continue  # a plain script: no steps to expect
+            if finishing(worker, track):
+                continue
             silent, limit = now - track.since, self.threshold(track)
             if silent <= limit:
                 track.suspect_at = None
@@ -212,3 +221,11 @@ class HangWatch:
             last_step=report.last_step,
         )
         return report
+
+
+def finishing(worker: Worker, track: Track) -> bool:
+    """It did the job's last step: what is left (the last checkpoint, the script's own
+    epilogue, leaving the group) has no step to wait for, so silence is no hang."""
+    if track.last_step is None or worker.last_step is None:
+        return False
+    return track.last_step >= worker.last_step

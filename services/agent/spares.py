@@ -3,7 +3,8 @@ local channel for a launch, so a replacement rank starts in milliseconds instead
 of a fresh Python + torch (DESIGN.md §5).
 
 A spare is ``python -m <trainer module> --spare`` with ``UNICRON_AGENT_SOCKET`` set; it connects
-to the agent's channel and waits for one line ``{"directive": "launch", "launch": <WorkerLaunch>}``.
+to the agent's channel and waits for one ``SpareLaunch`` line (the reference trainer's launch, or a
+user's Python script or module with its environment, run in the spare's own process).
 The pool keeps ``count`` of them; a ``StartWorker`` takes a connected one (the supervisor then
 watches it as the worker it became) and the pool starts another in the background. A spare that
 dies is replaced; one that dies before it ever connected counts as a failed start, and after
@@ -29,8 +30,11 @@ from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.gpus import SlotPool
 from unicron.services.agent.supervisor import WorkerKey, kill_group
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import WorkerLaunch
+from unicron.shared.messages import SpareLaunch
 from unicron.shared.procs import die_with_parent
+
+# The launch for a spare on a given slot; None when a spare cannot run it.
+LaunchFor = Callable[[int | None], SpareLaunch | None]
 
 log = get_logger(component="spares")
 # A warming spare (importing torch) must not slow the node's workers: it runs at this niceness
@@ -126,20 +130,24 @@ class SparePool:
             await asyncio.wait(waiters, timeout=wait_s)
 
     async def serve(
-        self, key: WorkerKey, launch: WorkerLaunch, log_path: Path
+        self, key: WorkerKey, launch_for: LaunchFor, log_path: Path
     ) -> tuple[asyncio.subprocess.Process, int | None] | None:
-        """Hand ``launch`` to a ready spare; its (process, slot), or None when none is ready."""
+        """Hand a ready spare the launch ``launch_for`` makes for its slot; its (process, slot),
+        or None when none is ready or the launch is not one a spare can run."""
         channel = self.channel
         if channel is None or not self.enabled:
             return None
         for spare in self.ready():
+            launch = launch_for(spare.slot)
+            if launch is None:
+                return None
             spare.taken = True
             self._not_before = time.monotonic() + self.delay_s
             self._wake.set()  # start the next spare soon
             if not self._full_priority(spare):
                 kill_group(spare.proc.pid)
                 continue
-            payload = {"directive": "launch", "launch": launch.model_dump(mode="json")}
+            payload = launch.model_dump(mode="json")
             # Adopted first: the worker it becomes may report before the send returns, and
             # those reports must already read as the job's, not the spare's.
             channel.adopt(spare.key, key)

@@ -35,7 +35,7 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _host_store(host: str, bind_host: str, port: int) -> TCPStore:
+def host_store(host: str, bind_host: str, port: int) -> TCPStore:
     # torch is imported here, not at module level: it costs ~2 s and only this needs it.
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
@@ -72,7 +72,7 @@ class RendezvousStore:
     async def start(self) -> int:
         """Host the store (in a thread: importing torch and binding block) and return its port."""
         self._store = await asyncio.to_thread(
-            _host_store, self.host, self.bind_host, self.requested_port
+            host_store, self.host, self.bind_host, self.requested_port
         )
         log.info("rendezvous store listening", host=self.bind_host, port=self.port)
         return self.port

@@ -1,32 +1,41 @@
 """Launches this node's worker processes and reports every start and exit at once.
 
-A worker is one rank of one generation of a job, launched as ``python -m <registered module>``
-with its ``WorkerLaunch`` in ``UNICRON_WORKER_LAUNCH``. Each worker has a task blocked in
-``proc.wait()``, so its exit is reported the moment the kernel reaps it, not at a poll. Workers
-run in their own process group (a stop kills helpers they forked too) and get SIGKILL when the
-agent dies, so none outlives the agent. On a node with GPUs each worker gets a device of its
-own (``services.agent.gpus``).
+A worker is one rank of one generation of a job: the process :mod:`services.agent.launch`
+describes (the reference trainer, or the job's own entrypoint). Each worker has a task blocked
+in ``proc.wait()``, so its exit is reported the moment the kernel reaps it, not at a poll.
+Workers run in their own process group (a stop kills helpers they forked too) and get SIGKILL
+when the agent dies, so none outlives the agent. On a node with GPUs each worker gets a device
+of its own (``services.agent.gpus``). A worker that exits non-zero without having reported an
+exception in-band (a plain script) gets one read from its log (:mod:`services.agent.tracebacks`),
+and a command that cannot be executed at all is reported as a launch failure: no retry helps.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
 import subprocess
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
+from unicron.services.agent.failures import cannot_execute, launch_failure, logged_exception
 from unicron.services.agent.gpus import SlotPool
-from unicron.services.agent.outbox import Sink
-from unicron.services.agent.registry import EntrypointRegistry, UnknownTrainerError
+from unicron.services.agent.launch import (
+    JobContext,
+    process_launch,
+    spare_can_run,
+    worker_launch,
+)
+from unicron.services.agent.outbox import Report, Sink
+from unicron.services.agent.registry import EntrypointRegistry
+from unicron.services.agent.workers import CommandRejectedError as CommandRejectedError
+from unicron.services.agent.workers import Worker as Worker
+from unicron.services.agent.workers import WorkerKey as WorkerKey
+from unicron.services.agent.workers import kill_group as kill_group
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import StartWorker, StopWorkers, WorkerLaunch
+from unicron.shared.messages import ScriptLaunch, SpareLaunch, StartWorker, StopWorkers
 from unicron.shared.procs import die_with_parent
-from unicron.shared.reports import WorkerExited, WorkerStarted
+from unicron.shared.reports import WorkerException, WorkerExited, WorkerStarted
 
 if TYPE_CHECKING:
     from unicron.services.agent.spares import SparePool
@@ -34,40 +43,8 @@ if TYPE_CHECKING:
 log = get_logger(component="supervisor")
 # job ids become directory names: refuse anything that could climb out of the log directory.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class WorkerKey(NamedTuple):
-    job_id: str
-    generation: int
-    rank: int
-
-
-class CommandRejectedError(ValueError):
-    """A command that can never succeed on this node; it is dead-lettered, not retried."""
-
-
-@dataclass
-class Worker:
-    key: WorkerKey
-    proc: asyncio.subprocess.Process
-    generation: int  # the launch generation, raised when the worker re-forms in place
-    slot: int | None = None  # its GPU slot, on a node with GPUs
-    rank: int | None = None  # its rank now, when a regroup gave it a new one
-    spare: bool = False  # a warm spare took the launch instead of a fresh process
-    started_at: float = field(default_factory=time.monotonic)
-    stopping: bool = False
-    waiter: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.returncode is None
-
-    @property
-    def current(self) -> WorkerKey:
-        """Who the worker is now: its launch key with the generation (and rank) it re-formed
-        into."""
-        rank = self.key.rank if self.rank is None else self.rank
-        return self.key._replace(generation=self.generation, rank=rank)
+# a worker's in-band report may still sit in the channel's socket when its exit is reaped
+CHANNEL_GRACE_S = 0.1
 
 
 class Supervisor:
@@ -117,33 +94,48 @@ class Supervisor:
         if worker is not None and generation > worker.generation:
             worker.generation = generation
 
+    def observe(self, launched: WorkerKey | None, report: Report) -> None:
+        """Note a worker's in-band exception, so its exit is not classified a second time."""
+        if isinstance(report, WorkerException):
+            key = launched or WorkerKey(report.job_id, report.generation, report.rank)
+            worker = self._workers.get(key) or self.find(key)
+            if worker is not None:
+                worker.reported = True
+
     # --- commands ----------------------------------------------------------------------
 
-    async def start_worker(self, cmd: StartWorker) -> None:
-        """Launch the worker unless it is already known (live or finished) or stale."""
+    def wanted(self, cmd: StartWorker) -> bool:
+        """Whether ``cmd`` would launch a worker: not one already known, nor stale, nor unsafe."""
         key = WorkerKey(cmd.job_id, cmd.generation, cmd.rank)
         wlog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
         if self.closing:
             raise RuntimeError("agent is shutting down")  # not acked: the next boot gets it
         if key in self._workers or self.find(key) is not None:
             wlog.info("duplicate start ignored")
-            return
+            return False
         if cmd.generation < self._stopped_below.get(cmd.job_id, 0):
             wlog.info("start for a stopped generation ignored")
-            return
+            return False
         if not _SAFE_ID.match(cmd.job_id):
             raise CommandRejectedError(f"job id {cmd.job_id!r} is not a safe name")
-        try:
-            argv = self.registry.argv(cmd.spec.trainer)
-        except UnknownTrainerError as exc:
-            raise CommandRejectedError(str(exc)) from None
-        worker = await self._from_spare(key, cmd, argv) or await self._spawn(key, cmd, argv)
+        return True
+
+    async def start_worker(self, cmd: StartWorker, ctx: JobContext) -> None:
+        """Launch the worker of ``ctx`` (the job record's) unless it is known or stale."""
+        if not self.wanted(cmd):
+            return
+        key = WorkerKey(cmd.job_id, cmd.generation, cmd.rank)
+        wlog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
+        if ctx.spec.entrypoint is None and ctx.spec.trainer not in self.registry.names():
+            raise CommandRejectedError(f"trainer {ctx.spec.trainer!r} is not registered")
+        spared = await self._from_spare(key, cmd, ctx)
+        worker = spared or await self._spawn(key, cmd, ctx)
+        if worker is None:
+            return  # it could not be executed; reported as such
         self._workers[key] = worker
         worker.waiter = asyncio.create_task(self._watch(worker), name=f"watch-{key}")
         self.sink.report(self._started(worker))
-        wlog.info(
-            "worker started", pid=worker.proc.pid, argv=argv, slot=worker.slot, spare=worker.spare
-        )
+        wlog.info("worker started", pid=worker.proc.pid, slot=worker.slot, spare=worker.spare)
 
     async def stop_workers(self, cmd: StopWorkers, wait_s: float = 5.0) -> None:
         """SIGKILL the job's live workers below the generation and wait for them to be reaped."""
@@ -174,38 +166,45 @@ class Supervisor:
     def log_path(self, key: WorkerKey) -> Path:
         return self.data_dir / "logs" / key.job_id / f"g{key.generation}-r{key.rank}.log"
 
-    def _launch(self, cmd: StartWorker) -> WorkerLaunch:
-        return WorkerLaunch(
-            node_id=self.node_id,
-            job_id=cmd.job_id,
-            generation=cmd.generation,
-            rank=cmd.rank,
-            world_size=cmd.world_size,
-            spec=cmd.spec,
-            rendezvous=cmd.rendezvous,
-            checkpoint_dir=cmd.checkpoint_dir,
-            agent_socket=str(self.socket_path),
-            state_source_rank=cmd.state_source_rank,
-        )
-
-    async def _from_spare(self, key: WorkerKey, cmd: StartWorker, argv: list[str]) -> Worker | None:
-        """The worker as a warm spare that took the launch, or None when no spare is ready."""
-        if self.spares is None or self.spares.argv != argv:
+    async def _from_spare(self, key: WorkerKey, cmd: StartWorker, ctx: JobContext) -> Worker | None:
+        """The worker as a warm spare that took the launch, or None when no spare is ready or
+        a spare cannot run it (a command that is not a Python script or module)."""
+        if self.spares is None:
             return None
-        served = await self.spares.serve(key, self._launch(cmd), self.log_path(key))
+        spares = self.spares
+
+        def launch_for(slot: int | None) -> SpareLaunch | None:
+            argv, env, cwd = process_launch(
+                cmd, ctx, node_id=self.node_id, socket=self.socket_path,
+                registry=self.registry, slot_env=self.slots.env(slot),
+            )  # fmt: skip
+            if not spare_can_run(argv, spares.argv):
+                return None
+            launch = worker_launch(cmd, ctx.spec, self.node_id, self.socket_path)
+            if ctx.spec.entrypoint is None:
+                return SpareLaunch(launch=launch)
+            cwd_text = None if cwd is None else str(cwd)
+            return SpareLaunch(launch=launch, script=ScriptLaunch(argv=argv, env=env, cwd=cwd_text))
+
+        served = await spares.serve(key, launch_for, self.log_path(key))
         if served is None:
             return None
         proc, slot = served
-        return Worker(key, proc, cmd.generation, slot, spare=True)
+        plain = ctx.spec.entrypoint is not None
+        return Worker(
+            key, proc, cmd.generation, slot, spare=True, plain=plain, last_step=ctx.spec.steps
+        )
 
-    async def _spawn(self, key: WorkerKey, cmd: StartWorker, argv: list[str]) -> Worker:
-        launch = self._launch(cmd)
+    async def _spawn(self, key: WorkerKey, cmd: StartWorker, ctx: JobContext) -> Worker | None:
         slot = self.slots.acquire()
-        env = {
-            **os.environ,
-            **self.slots.env(slot),
-            "UNICRON_WORKER_LAUNCH": launch.model_dump_json(),
-        }
+        argv, env, cwd = process_launch(
+            cmd,
+            ctx,
+            node_id=self.node_id,
+            socket=self.socket_path,
+            registry=self.registry,
+            slot_env=self.slots.env(slot),
+        )
         path = self.log_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -216,13 +215,23 @@ class Supervisor:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=env,
+                    cwd=cwd,
                     start_new_session=True,
                     preexec_fn=die_with_parent,
                 )
+        except OSError as exc:
+            self.slots.release(slot)
+            if not cannot_execute(exc):
+                raise
+            for report in launch_failure(self.node_id, cmd, argv, cwd, exc):
+                self.sink.report(report)
+            log.error("worker could not be started", job_id=cmd.job_id, rank=cmd.rank, error=exc)
+            return None
         except BaseException:
             self.slots.release(slot)
             raise
-        return Worker(key, proc, cmd.generation, slot)
+        plain = ctx.spec.entrypoint is not None
+        return Worker(key, proc, cmd.generation, slot, plain=plain, last_step=ctx.spec.steps)
 
     async def _watch(self, worker: Worker) -> None:
         """Report the exit the moment the process is reaped."""
@@ -232,6 +241,8 @@ class Supervisor:
             self.spares.nudge()
         exit_code, sig = (None, -code) if code < 0 else (code, None)
         who = worker.current  # a worker that re-formed in place exits under its new identity
+        if code != 0 and not worker.stopping:
+            await self._report_logged_exception(worker)
         self.sink.report(
             WorkerExited(
                 node_id=self.node_id,
@@ -264,6 +275,16 @@ class Supervisor:
             if pending:
                 log.error("workers survived SIGKILL", count=len(pending))
 
+    async def _report_logged_exception(self, worker: Worker) -> None:
+        """The exception a dead worker wrote to its log, unless it reported one itself."""
+        who = worker.current
+        report = logged_exception(self.node_id, who, worker.proc.pid, self.log_path(worker.key))
+        if report is None:
+            return
+        await asyncio.sleep(CHANNEL_GRACE_S)  # let the channel read what the worker sent last
+        if not worker.reported:
+            self.sink.report(report)
+
     def _started(self, worker: Worker) -> WorkerStarted:
         key = worker.key
         return WorkerStarted(
@@ -273,13 +294,3 @@ class Supervisor:
             rank=key.rank,
             pid=worker.proc.pid,
         )
-
-
-def kill_group(pid: int) -> None:
-    """SIGKILL the worker's process group (it leads its own session), or at least itself."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # already gone: its waiter reports the exit
-    except PermissionError:
-        os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,17 @@ from fastapi.responses import JSONResponse
 
 from unicron.services.api.access import authenticate
 from unicron.services.api.metrics import ApiMetrics, MetricsMiddleware
-from unicron.services.api.routes import calibration, events, faults, health, jobs, nodes, plans
+from unicron.services.api.routes import (
+    calibration,
+    events,
+    faults,
+    health,
+    jobs,
+    logs,
+    nodes,
+    packages,
+    plans,
+)
 from unicron.services.api.settings import ApiSettings
 from unicron.shared.bus import Bus
 from unicron.shared.logging import get_logger
@@ -27,7 +37,7 @@ log = get_logger(component="api")
 CLOSE_TIMEOUT_S = 5.0
 # Every /v1 router: each of its calls needs a token once tokens are configured. Mount a new
 # /v1 resource here, never with include_router on its own (a test checks every /v1 route).
-V1_ROUTERS = (jobs, faults, nodes, plans, calibration, events)
+V1_ROUTERS = (jobs, packages, faults, logs, nodes, plans, calibration, events)
 
 
 def _lifespan(settings: ApiSettings) -> Any:

@@ -6,6 +6,8 @@ A failure of the generation that was started to recover from the previous one, w
 escalation window and before that generation trained ``escalation_steps`` steps, escalates:
 reattempt → restart → reconfigure (DESIGN.md §3). Advisory
 failures (a straggler) are published and counted against the node, but leave the job running.
+A failure of the job's own code (``software_other``) fails the job once it happened more than
+``max_restarts`` times; a worker that could not be started at all fails it at once.
 """
 
 from __future__ import annotations
@@ -18,11 +20,39 @@ from unicron.shared.events import FailureDetected, JobStateChanged
 from unicron.shared.logging import get_logger
 from unicron.shared.models import FailureRecord, Job, JobState
 from unicron.shared.state import StateStore
-from unicron.shared.taxonomy import RecoveryAction, Severity, escalate, severity_of
+from unicron.shared.taxonomy import (
+    FailureCategory,
+    RecoveryAction,
+    Severity,
+    escalate,
+    severity_of,
+)
 
 
 def _already_recorded(job: Job, generation: int) -> bool:
     return job.last_failure is not None and job.last_failure.generation == generation
+
+
+def _what(failure: FailureDetected) -> str:
+    """The failure in a few words: its exception's first line, or its kind and category."""
+    if failure.exc_type is None:
+        return f"{failure.kind.value}: {failure.category.value}"
+    first = (failure.message or "").strip().splitlines()[:1]
+    return f"{failure.exc_type}: {first[0][:300]}" if first else failure.exc_type
+
+
+def _gives_up(job: Job, failure: FailureDetected, launch_failed: bool) -> str | None:
+    """Why the job must fail rather than recover, or None; counts failures of its own code."""
+    where = f"rank {failure.rank} on {failure.node_id}"
+    if launch_failed:
+        return f"{where} cannot start: {failure.message}"
+    if failure.category != FailureCategory.SOFTWARE_OTHER:
+        return None
+    job.code_failures += 1
+    if job.code_failures <= job.spec.max_restarts:
+        return None
+    restarts = job.spec.max_restarts
+    return f"{_what(failure)} ({where}); failed after {restarts} restart(s) (max_restarts)"
 
 
 def _failure_id(cause: Candidate, advisory: bool) -> str:
@@ -83,9 +113,12 @@ class FailureRecorder:
             action=action,
             observed_at=cause.observed_at,
             evidence={**cause.evidence, **escalation},
+            exc_type=cause.evidence.get("exc_type"),
+            message=cause.evidence.get("message"),
         )
         # The job record first: whoever sees the event finds the failure recorded.
-        state_change = None if advisory else await self._mark_job(job, failure)
+        launch_failed = bool(cause.evidence.get("launch_failed"))
+        state_change = None if advisory else await self._mark_job(job, failure, launch_failed)
         await self.bus.publish_event(failure)
         if state_change is not None:
             await self.bus.publish_event(state_change)
@@ -101,7 +134,9 @@ class FailureRecorder:
         await self.health.blame(failure)
         return failure
 
-    async def _mark_job(self, job: Job, failure: FailureDetected) -> JobStateChanged | None:
+    async def _mark_job(
+        self, job: Job, failure: FailureDetected, launch_failed: bool
+    ) -> JobStateChanged | None:
         marked = False
 
         def mark(j: Job) -> bool:
@@ -120,8 +155,15 @@ class FailureRecorder:
                 node_id=failure.node_id,
                 observed_at=failure.observed_at,
                 step=j.step,
+                exc_type=failure.exc_type,
+                message=failure.message,
+                at=failure.observed_at,
             )
-            j.set_state(JobState.RECOVERING, f"{failure.kind.value}: {failure.category.value}")
+            fatal = _gives_up(j, failure, launch_failed)
+            if fatal is not None:
+                j.set_state(JobState.FAILED, fatal)
+            else:
+                j.set_state(JobState.RECOVERING, f"{failure.kind.value}: {failure.category.value}")
             marked = True
             return True
 

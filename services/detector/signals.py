@@ -101,6 +101,7 @@ def from_exception(report: WorkerException) -> Candidate:
             "exc_type": report.exc_type,
             "message": report.message[:2000],
             "step": report.step,
+            "launch_failed": report.launch_failed,
         },
     )
 

@@ -33,11 +33,27 @@ def rendezvous_for(job: Job, nodes: dict[str, NodeRecord]) -> Rendezvous:
     )
 
 
+def placement(job: Job) -> dict[int, tuple[int, int, int]]:
+    """Rank → (local rank, local world size, group rank): a rank's index among the job's ranks
+    on its node, how many the node has, and the node's index in order of first rank."""
+    ordered = sorted(job.workers, key=lambda w: w.rank)
+    groups: dict[str, list[int]] = {}
+    for worker in ordered:
+        groups.setdefault(worker.node_id, []).append(worker.rank)
+    group_of = {node_id: index for index, node_id in enumerate(groups)}
+    return {
+        w.rank: (groups[w.node_id].index(w.rank), len(groups[w.node_id]), group_of[w.node_id])
+        for w in ordered
+    }
+
+
 def start_commands(
     job: Job, nodes: dict[str, NodeRecord], checkpoint_root: Path
 ) -> list[tuple[str, StartWorker]]:
-    """A start for every rank that needs a new process (survivors re-form in place)."""
+    """A start for every rank that needs a new process (survivors re-form in place). It names
+    the job and the seat only: the agent reads what to run from the job record."""
     rendezvous = rendezvous_for(job, nodes)
+    seats = placement(job)
     return [
         (
             worker.node_id,
@@ -47,10 +63,12 @@ def start_commands(
                 generation=job.generation,
                 rank=worker.rank,
                 world_size=job.world_size,
-                spec=job.spec,
                 rendezvous=rendezvous,
                 checkpoint_dir=str(checkpoint_root / job.id),
                 state_source_rank=worker.state_source_rank,
+                local_rank=seats[worker.rank][0],
+                local_world_size=seats[worker.rank][1],
+                group_rank=seats[worker.rank][2],
             ),
         )
         for worker in job.workers

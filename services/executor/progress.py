@@ -5,7 +5,8 @@ replaced worker said on its way out — except the exit of a survivor that was t
 the current generation, which fails the in-place transition. A worker of an in-place generation
 that exits before the generation's first step fails the transition too: ``on_failed`` falls
 back to a restart from the checkpoint. The first step of a generation ends its transition:
-``transition.completed`` says where the state came from and how long each phase took.
+``transition.completed`` says where the state came from and how long each phase took. A job
+with its own entrypoint may never report a step: it is RUNNING once all its workers started.
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ class ProgressTracker:
             return False
         worker.pid = report.pid
         worker.state = WorkerState.RUNNING
+        everyone = all(w.state == WorkerState.RUNNING for w in job.workers)
+        plain = job.spec.entrypoint is not None and not job.needs_recovery()
+        if plain and everyone and job.state in _TRANSITIONING:
+            reason = f"generation {job.generation}: all {len(job.workers)} workers started"
+            job.set_state(JobState.RUNNING, reason)
         return True
 
     @staticmethod

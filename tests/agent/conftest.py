@@ -1,6 +1,7 @@
 """Helpers for the agent's tests: a sink that records what the agent would publish, commands
-that launch the stdlib fake worker (``tests/agent/fake_worker.py``), and the agent itself as a
-process (``python -m services.agent``) with an inbox to await what it publishes."""
+that launch the stdlib fake worker (``tests/agent/fake_worker.py``) with the job record they
+name, and the agent itself as a process (``python -m services.agent``) with an inbox to await
+what it publishes."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.hang import HangWatch
+from unicron.services.agent.launch import JobContext
 from unicron.services.agent.outbox import Report
 from unicron.services.agent.registry import EntrypointRegistry
 from unicron.services.agent.settings import AgentSettings
@@ -26,7 +28,7 @@ from unicron.services.agent.supervisor import Supervisor
 from unicron.shared.bus import Bus, parse_event
 from unicron.shared.events import CloudEvent, NodeJoined
 from unicron.shared.messages import Rendezvous, StartWorker
-from unicron.shared.models import JobSpec, NodeRecord
+from unicron.shared.models import Job, JobSpec, JobState, NodeRecord
 from unicron.shared.state import StateStore
 
 R = TypeVar("R", bound=Report)
@@ -67,6 +69,13 @@ async def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
             await asyncio.sleep(0.01)
 
 
+class Start(NamedTuple):
+    """A start command and the job record's context the agent would resolve for it."""
+
+    cmd: StartWorker
+    ctx: JobContext
+
+
 def start_cmd(
     job_id: str,
     behaviour: str,
@@ -74,17 +83,36 @@ def start_cmd(
     rank: int = 0,
     steps: int = 1,
     **spec: Any,
-) -> StartWorker:
+) -> Start:
     """A start of the fake worker; ``spec`` sets more JobSpec fields (checkpoint_every …)."""
-    return StartWorker(
+    cmd = StartWorker(
         job_id=job_id,
         generation=generation,
         rank=rank,
         world_size=rank + 1,
-        spec=JobSpec(name=behaviour, steps=steps, **spec),
         rendezvous=Rendezvous(host="127.0.0.1", port=29500, prefix=f"{job_id}/g{generation}"),
         checkpoint_dir=f"/tmp/ckpt/{job_id}",
     )
+    return Start(cmd, JobContext(JobSpec(name=behaviour, steps=steps, **spec)))
+
+
+async def record_job(state: StateStore, start: Start) -> None:
+    """Store the job record the start names, at its generation: the agent reads it from there."""
+    cmd = start.cmd
+    job = Job(
+        id=cmd.job_id,
+        name=start.ctx.spec.name,
+        spec=start.ctx.spec,
+        generation=cmd.generation,
+        state=JobState.STARTING,
+    )
+    await state.create_job(job)
+
+
+async def send_start(bus: Bus, state: StateStore, start: Start) -> None:
+    """Record the job, then send the start to the agent under test."""
+    await record_job(state, start)
+    await bus.send_command(NODE, start.cmd)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import NODE, inbox, node_record, start_cmd, until
+from tests.agent.conftest import NODE, inbox, node_record, send_start, start_cmd, until
 from unicron.shared.bus import Bus
 from unicron.shared.events import NodeJoined
 from unicron.shared.messages import (
@@ -72,7 +72,7 @@ async def test_agent_reports_hangs_and_runs_drills(
 
     # a SIGSTOPped worker never exits, but it stops stepping: hung, in state T
     for job in ("job-s", "job-f"):
-        await bus.send_command(NODE, start_cmd(job, STEPPER, steps=10_000))
+        await send_start(bus, state, start_cmd(job, STEPPER, steps=10_000))
     stopped = await reports.report(WorkerStarted, job_id="job-s")
     for _ in range(10):
         await reports.report(StepCompleted, job_id="job-s")

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import NODE, inbox, node_record, start_cmd, until
+from tests.agent.conftest import (
+    NODE,
+    inbox,
+    node_record,
+    record_job,
+    send_start,
+    start_cmd,
+    until,
+)
 from unicron.services.agent.agent import Agent
 from unicron.services.agent.registry import EntrypointRegistry
 from unicron.services.agent.settings import AgentSettings
@@ -67,8 +75,8 @@ async def test_agent_serves_its_node(
     await node_record(state, lambda n: n.last_heartbeat > node.last_heartbeat)
 
     # a start launches the registered entrypoint with the launch JSON; its reports arrive
-    hang = start_cmd("job-a", "hang", steps=2)
-    await bus.send_command(NODE, hang)
+    hang, _ = start = start_cmd("job-a", "hang", steps=2)
+    await send_start(bus, state, start)
     first = await reports.report(WorkerStarted, job_id="job-a")
     assert [(await reports.report(StepCompleted, job_id="job-a")).step for _ in range(2)] == [0, 1]
     log_file = tmp_path / "data" / "logs" / "job-a" / "g1-r0.log"
@@ -78,7 +86,7 @@ async def test_agent_serves_its_node(
 
     # a duplicate start does nothing; commands run in order, so job-b's exit proves it was seen
     await bus.send_command(NODE, hang.model_copy(update={"command_id": "cmd-duplicate"}))
-    await bus.send_command(NODE, start_cmd("job-b", "exit-3"))
+    await send_start(bus, state, start_cmd("job-b", "exit-3"))
     exit3 = await reports.report(WorkerExited, job_id="job-b")
     assert (exit3.exit_code, exit3.signal, exit3.stopped_by_agent) == (3, None, False)
     assert [r for r in reports.seen if isinstance(r, WorkerStarted) and r.job_id == "job-a"] == [
@@ -96,9 +104,9 @@ async def test_agent_serves_its_node(
     assert latency < 1.0
 
     # a stop kills the job's older generation only, and says the agent did it
-    await bus.send_command(NODE, start_cmd("job-c", "hang", generation=1))
-    await bus.send_command(NODE, start_cmd("job-c", "hang", generation=2, rank=1))
+    await send_start(bus, state, start_cmd("job-c", "hang", generation=1))
     await reports.report(WorkerStarted, job_id="job-c", generation=1)
+    await send_start(bus, state, start_cmd("job-c", "hang", generation=2, rank=1))
     newer = await reports.report(WorkerStarted, job_id="job-c", generation=2)
     await bus.send_command(NODE, StopWorkers(job_id="job-c", below_generation=2))
     stopped = await reports.report(WorkerExited, job_id="job-c")
@@ -106,13 +114,14 @@ async def test_agent_serves_its_node(
 
     # garbage and an unknown trainer are dead-lettered; the agent keeps serving
     await bus.js.publish(command_subject(NODE), b"{not json")
-    evil = start_cmd("job-x", "hang").model_dump(mode="json")
-    evil["spec"]["trainer"] = "evil"
+    # a command cannot say what to run: the agent reads that from the job record
+    evil = start_cmd("job-x", "hang").cmd.model_dump(mode="json")
+    evil["spec"] = {"name": "x", "entrypoint": ["rm", "-rf", "/"]}
     await bus.js.publish(command_subject(NODE), json.dumps(evil).encode())
     for _ in range(2):
         letter = await letters.report(DeadLetter, subject=command_subject(NODE))
         assert "invalid message" in letter.reason
-    await bus.send_command(NODE, start_cmd("job-d", "hang"))
+    await send_start(bus, state, start_cmd("job-d", "hang"))
     last = await reports.report(WorkerStarted, job_id="job-d")
     assert not gone(newer.pid)
 
@@ -149,7 +158,7 @@ async def test_agent_rides_out_nats_and_redis_outages(
     tmp_path: Path,
 ) -> None:
     reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
-    await bus.send_command(NODE, start_cmd("job-a", "hang"))
+    await send_start(bus, state, start_cmd("job-a", "hang"))
     worker = await reports.report(WorkerStarted, job_id="job-a")
     await reports.report(StepCompleted, job_id="job-a")
 
@@ -170,7 +179,7 @@ async def test_agent_rides_out_nats_and_redis_outages(
     await node_record(state, lambda n: n.boot_id == joined.boot_id)
     assert agent.poll() is None
 
-    await bus.send_command(NODE, start_cmd("job-b", "hang"))  # and it still takes commands
+    await send_start(bus, state, start_cmd("job-b", "hang"))  # and it still takes commands
     await reports.report(WorkerStarted, job_id="job-b", within=30)
 
 
@@ -184,7 +193,9 @@ async def test_command_for_an_unregistered_trainer_is_dead_lettered(
     node.supervisor.registry = EntrypointRegistry()
     node.outbox.start()
     try:
-        await node.handle(start_cmd("job-a", "hang"))
+        start = start_cmd("job-a", "hang")
+        await record_job(state, start)
+        await node.handle(start.cmd)
         letter = await letters.report(DeadLetter, subject=command_subject(NODE))
         assert "not registered" in letter.reason
         assert node.supervisor.live() == []

@@ -45,7 +45,7 @@ async def test_fault_reaches_the_right_worker_once(
 ) -> None:
     injector = FaultInjector(channel, supervisor)
     for rank in (0, 1):
-        await supervisor.start_worker(start_cmd("job-a", STEPPER, rank=rank, steps=10_000))
+        await supervisor.start_worker(*start_cmd("job-a", STEPPER, rank=rank, steps=10_000))
     for rank in (0, 1):
         await until(lambda r=rank: channel.connected(WorkerKey("job-a", 1, r)))  # type: ignore[misc]
     first = fault("job-a", 1, FaultKind.EXCEPTION, message="boom")
@@ -67,7 +67,7 @@ async def test_fault_for_a_worker_out_of_reach(
     injector = FaultInjector(channel, supervisor)
     with pytest.raises(CommandRejectedError, match="no live worker job-x g1 r0"):
         await injector.inject(fault("job-x", 0, FaultKind.CRASH))
-    await supervisor.start_worker(start_cmd("job-m", "mute"))  # never connects its channel
+    await supervisor.start_worker(*start_cmd("job-m", "mute"))  # never connects its channel
     pid = (await sink.next(WorkerStarted)).pid
     with pytest.raises(CommandRejectedError, match="no connected channel"):
         await injector.inject(fault("job-m", 0, FaultKind.EXCEPTION))
@@ -99,13 +99,13 @@ async def test_each_worker_gets_its_own_gpu(
 ) -> None:
     supervisor.slots = SlotPool(["3", "5"])  # as the agent sets it on a node with two GPUs
     for rank in (0, 1):
-        await supervisor.start_worker(start_cmd("job-g", "hang", rank=rank))
+        await supervisor.start_worker(*start_cmd("job-g", "hang", rank=rank))
     pid = (await sink.next(WorkerStarted)).pid
     logs = [supervisor.log_path(WorkerKey("job-g", 1, rank)) for rank in range(3)]
     await until(lambda: [cuda_visible(log) for log in logs[:2]] == ["3", "5"])
     os.kill(pid, signal.SIGKILL)
     await sink.next(WorkerExited)
-    await supervisor.start_worker(start_cmd("job-g", "hang", rank=2))
+    await supervisor.start_worker(*start_cmd("job-g", "hang", rank=2))
     await until(lambda: cuda_visible(logs[2]) == "3")  # the slot freed by rank 0
 
 

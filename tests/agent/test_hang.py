@@ -124,6 +124,18 @@ def test_checkpoint_and_reformation_are_not_hangs(
     assert watch.check() == [] and watch._tracks == {}
 
 
+def test_a_worker_past_the_last_step_is_finishing_not_hung(
+    setup: tuple[HangWatch, Clock, list[Worker]],
+) -> None:
+    watch, clock, workers = setup
+    workers[0].last_step = 10
+    steps(watch, clock, 10, 0.04)  # steps 0..9: one to go, so silence now is a hang
+    assert silent_until_hung(watch, clock).last_step == 9
+    steps(watch, clock, 1, 0.04)  # the last step: its checkpoint and exit take what they take
+    clock.t += 60
+    assert watch.check() == [] and watch.check() == []
+
+
 def test_process_state_reads_proc() -> None:
     assert process_state(os.getpid()) == "R"  # reading its own stat, so running
     assert process_state(2**22 + 1) == "?"
@@ -135,7 +147,7 @@ def test_process_state_reads_proc() -> None:
 async def test_worker_that_stops_stepping_is_reported_once(
     supervisor: Supervisor, sink: RecordingSink, watch: HangWatch
 ) -> None:
-    await supervisor.start_worker(start_cmd("job-a", "step-20-60-150-0", steps=25))
+    await supervisor.start_worker(*start_cmd("job-a", "step-20-60-150-0", steps=25))
     for _ in range(25):
         await sink.next(StepCompleted)
     last_at = time.monotonic()
@@ -177,8 +189,8 @@ async def test_healthy_jittery_workers_are_never_hung(
     for job, rank in (("job-a", 0), ("job-b", 1)):
         # they step on past HEALTHY_STEPS: one that ran out of steps would rightly be hung
         behaviour, count = "step-20-60-150-600", 10 * HEALTHY_STEPS
-        cmd = start_cmd(job, behaviour, rank=rank, steps=count, checkpoint_every=100)
-        await supervisor.start_worker(cmd)
+        start = start_cmd(job, behaviour, rank=rank, steps=count, checkpoint_every=100)
+        await supervisor.start_worker(*start)
     done: set[str] = set()
     hung: list[WorkerHung] = []
     counted = 0

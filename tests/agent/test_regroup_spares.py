@@ -59,7 +59,7 @@ async def test_regroup_reaches_the_worker_and_rekeys_it(
     tmp_path: Path,
 ) -> None:  # fmt: skip
     regroups = Regrouper(channel, supervisor, on_regroup=watch.regrouped)
-    await supervisor.start_worker(start_cmd("job-a", STEPPER, generation=1, rank=2, steps=10_000))
+    await supervisor.start_worker(*start_cmd("job-a", STEPPER, generation=1, rank=2, steps=10_000))
     started = await sink.next(WorkerStarted)
     await sink.next(StepCompleted)  # its channel is connected
 
@@ -122,8 +122,8 @@ async def test_a_start_is_served_by_a_warm_spare_which_is_replaced(
 ) -> None:
     await until(lambda: len(spares.ready()) == 1)
     spare = spares.ready()[0]
-    cmd = start_cmd("job-s", "hang", steps=3)
-    await supervisor.start_worker(cmd)
+    cmd, ctx = start_cmd("job-s", "hang", steps=3)
+    await supervisor.start_worker(cmd, ctx)
     started = await sink.next(WorkerStarted)
     assert started.pid == spare.proc.pid and spares.served == 1
     assert [(await sink.next(StepCompleted)).step for _ in range(3)] == [0, 1, 2]
@@ -160,8 +160,8 @@ async def test_spares_give_up_when_the_trainer_cannot_wait(
 
 
 def _launch() -> WorkerLaunch:
-    cmd = start_cmd("job-x", "hang")
+    cmd, ctx = start_cmd("job-x", "hang")
     return WorkerLaunch(
-        node_id="n1", job_id=cmd.job_id, generation=1, rank=0, world_size=1, spec=cmd.spec,
+        node_id="n1", job_id=cmd.job_id, generation=1, rank=0, world_size=1, spec=ctx.spec,
         rendezvous=cmd.rendezvous, checkpoint_dir=cmd.checkpoint_dir, agent_socket="/tmp/x",
     )  # fmt: skip

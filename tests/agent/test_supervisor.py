@@ -35,8 +35,8 @@ async def exited(sink: RecordingSink) -> WorkerExited:
 async def test_launch_passes_the_launch_json_and_logs_to_a_file(
     supervisor: Supervisor, sink: RecordingSink, tmp_path: Path
 ) -> None:
-    cmd = start_cmd("job-a", "exit-0", generation=2, rank=1)
-    await supervisor.start_worker(cmd)
+    cmd, ctx = start_cmd("job-a", "exit-0", generation=2, rank=1)
+    await supervisor.start_worker(cmd, ctx)
     report = await started(sink)
     assert (report.job_id, report.generation, report.rank) == ("job-a", 2, 1)
     assert (await exited(sink)).exit_code == 0
@@ -44,27 +44,27 @@ async def test_launch_passes_the_launch_json_and_logs_to_a_file(
     launch = WorkerLaunch.model_validate_json(log_file.read_text().splitlines()[0])
     assert launch.agent_socket == str(supervisor.socket_path)
     assert launch.checkpoint_dir == cmd.checkpoint_dir
-    assert (launch.node_id, launch.world_size, launch.spec) == ("n1", 2, cmd.spec)
+    assert (launch.node_id, launch.world_size, launch.spec) == ("n1", 2, ctx.spec)
     assert launch.rendezvous == cmd.rendezvous
 
 
 async def test_duplicate_start_launches_nothing(
     supervisor: Supervisor, sink: RecordingSink
 ) -> None:
-    cmd = start_cmd("job-a", "exit-0")
-    await supervisor.start_worker(cmd)
-    await supervisor.start_worker(cmd.model_copy(update={"command_id": "cmd-again"}))
+    cmd, ctx = start_cmd("job-a", "exit-0")
+    await supervisor.start_worker(cmd, ctx)
+    await supervisor.start_worker(cmd.model_copy(update={"command_id": "cmd-again"}), ctx)
     kinds = []
     while "worker_exited" not in kinds:
         kinds.append((await asyncio.wait_for(sink.reports.get(), 10)).kind)
-    await supervisor.start_worker(cmd)  # after the worker finished, too
+    await supervisor.start_worker(cmd, ctx)  # after the worker finished, too
     assert kinds.count("worker_started") == 1
     assert drain(sink) == []
     assert len(supervisor.live()) == 0
 
 
 async def test_sigkill_is_reported_at_once(supervisor: Supervisor, sink: RecordingSink) -> None:
-    await supervisor.start_worker(start_cmd("job-a", "hang"))
+    await supervisor.start_worker(*start_cmd("job-a", "hang"))
     pid = (await started(sink)).pid
     await sink.next(StepCompleted)  # the worker is up and talking
     killed_at = time.monotonic()
@@ -78,7 +78,7 @@ async def test_sigkill_is_reported_at_once(supervisor: Supervisor, sink: Recordi
 
 
 async def test_exit_code_is_reported(supervisor: Supervisor, sink: RecordingSink) -> None:
-    await supervisor.start_worker(start_cmd("job-a", "exit-3"))
+    await supervisor.start_worker(*start_cmd("job-a", "exit-3"))
     report = await exited(sink)
     assert (report.exit_code, report.signal, report.stopped_by_agent) == (3, None, False)
 
@@ -86,9 +86,9 @@ async def test_exit_code_is_reported(supervisor: Supervisor, sink: RecordingSink
 async def test_stop_kills_only_older_generations(
     supervisor: Supervisor, sink: RecordingSink
 ) -> None:
-    await supervisor.start_worker(start_cmd("job-a", "hang", generation=1))
-    await supervisor.start_worker(start_cmd("job-a", "hang", generation=2, rank=1))
-    await supervisor.start_worker(start_cmd("job-b", "hang", generation=1))
+    await supervisor.start_worker(*start_cmd("job-a", "hang", generation=1))
+    await supervisor.start_worker(*start_cmd("job-a", "hang", generation=2, rank=1))
+    await supervisor.start_worker(*start_cmd("job-b", "hang", generation=1))
     await supervisor.stop_workers(StopWorkers(job_id="job-a", below_generation=2))
     report = await exited(sink)
     assert (report.job_id, report.generation, report.signal) == ("job-a", 1, 9)
@@ -99,7 +99,7 @@ async def test_stop_kills_only_older_generations(
     }
     await supervisor.stop_workers(StopWorkers(job_id="job-a", below_generation=2))  # idempotent
     # a late start for the stopped generation is stale and ignored
-    await supervisor.start_worker(start_cmd("job-a", "hang", generation=1, rank=5))
+    await supervisor.start_worker(*start_cmd("job-a", "hang", generation=1, rank=5))
     await supervisor.stop_workers(StopWorkers(job_id="job-a"))
     assert (await exited(sink)).generation == 2
     assert [w.key.job_id for w in supervisor.live()] == ["job-b"]
@@ -107,7 +107,7 @@ async def test_stop_kills_only_older_generations(
 
 async def test_shutdown_leaves_no_worker(supervisor: Supervisor, sink: RecordingSink) -> None:
     for rank in range(2):
-        await supervisor.start_worker(start_cmd("job-a", "hang", rank=rank))
+        await supervisor.start_worker(*start_cmd("job-a", "hang", rank=rank))
     pids = {(await started(sink)).pid for _ in range(2)}
     await supervisor.shutdown()
     reports = [r for r in drain(sink) if isinstance(r, WorkerExited)]
@@ -115,7 +115,7 @@ async def test_shutdown_leaves_no_worker(supervisor: Supervisor, sink: Recording
     assert all(r.stopped_by_agent for r in reports)
     assert supervisor.live() == []
     with pytest.raises(RuntimeError):
-        await supervisor.start_worker(start_cmd("job-a", "hang", rank=3))
+        await supervisor.start_worker(*start_cmd("job-a", "hang", rank=3))
 
 
 async def test_unregistered_trainer_and_unsafe_job_id_are_rejected(
@@ -123,7 +123,7 @@ async def test_unregistered_trainer_and_unsafe_job_id_are_rejected(
 ) -> None:
     supervisor.registry = type(supervisor.registry)()  # nothing registered
     with pytest.raises(CommandRejectedError, match="not registered"):
-        await supervisor.start_worker(start_cmd("job-a", "hang"))
+        await supervisor.start_worker(*start_cmd("job-a", "hang"))
     with pytest.raises(CommandRejectedError, match="safe"):
-        await supervisor.start_worker(start_cmd("../../etc", "hang"))
+        await supervisor.start_worker(*start_cmd("../../etc", "hang"))
     assert supervisor.live() == []

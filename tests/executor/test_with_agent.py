@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from tests.agent.conftest import NODE
@@ -35,6 +36,16 @@ async def job_where(state: StateStore, job_id: str, ok: object, within: float = 
     return found[0]
 
 
+async def spare_ready(state: StateStore, after: float, within: float = 30) -> None:
+    """Wait until a heartbeat sent after ``after`` says the node has a warm spare waiting."""
+    async with asyncio.timeout(within):
+        while True:  # node records have no push channel: polled from Redis, bounded
+            node = await state.get_node(NODE)
+            if node is not None and node.last_heartbeat > after and node.spares_ready >= 1:
+                return
+            await asyncio.sleep(0.05)
+
+
 async def test_in_place_restart_through_a_real_agent(
     executor: Executor, state: StateStore, events: Events, agent: subprocess.Popen[bytes],
     joined: NodeJoined, tmp_path: Path,
@@ -48,6 +59,7 @@ async def test_in_place_restart_through_a_real_agent(
     survivor_pid = running.workers[0].pid
     victim = running.workers[1].pid
     assert survivor_pid and victim
+    await spare_ready(state, after=time.time())  # the first start may have taken the last one
     os.kill(victim, signal.SIGKILL)
     await job_where(state, job.id, lambda j: j.workers[1].state == WorkerState.FAILED)
     failed = await fail(state, job.id, "restart", rank=1)

@@ -4,6 +4,8 @@ A job is stored in Redis first and announced on the bus second: Redis is the rec
 event only wakes the planner. A replayed submission or cancellation publishes its event again
 with the same deterministic id, so a request whose first attempt died between the two steps
 is healed by a retry, while JetStream drops the copy when the first publish did get through.
+A job whose ``working_dir`` names a package (``pkg://<sha256>``) is refused (422, nothing
+created) unless that package was uploaded first (``POST /v1/packages``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from unicron.services.api.deps import BusDep, StateDep
 from unicron.shared.events import JobStateChanged, JobSubmitted
 from unicron.shared.logging import get_logger
 from unicron.shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
+from unicron.shared.packages import has_package
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = get_logger(component="api.jobs")
@@ -64,6 +67,7 @@ async def submit_job(
 ) -> Job:
     """Store a new PENDING job of the caller's tenant and announce it; a repeated
     Idempotency-Key returns the first."""
+    await _check_package(bus, spec)
     job = Job(
         id=new_id("job"),
         name=spec.name,
@@ -85,6 +89,24 @@ async def submit_job(
         await _announce(bus, JobSubmitted(job_id=job.id, name=job.name, spec=job.spec), job.id)
     log.info("job submitted", job_id=job.id, name=job.name, replayed=not created)
     return job
+
+
+async def _check_package(bus: BusDep, spec: JobSpec) -> None:
+    if spec.package is None:
+        return
+    try:
+        present = await has_package(bus.js, spec.package)
+    except Exception as exc:
+        log.error("package store unavailable", error=repr(exc))
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, "the package store is unavailable; retry"
+        ) from exc
+    if not present:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"working_dir: package {spec.package} was not uploaded; "
+            "upload it first (unicron submit --working-dir DIR does)",
+        )
 
 
 @router.get("", response_model=list[Job])

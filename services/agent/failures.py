@@ -1,0 +1,77 @@
+"""What the agent reports for a worker that failed without saying why.
+
+A plain script reports nothing in-band: when it exits non-zero the agent reads its log's tail
+(:mod:`services.agent.tracebacks`) and reports the exception found there as a
+``WorkerException``. A command that cannot be executed at all (a missing program or working
+directory, no permission) never becomes a process: it is reported as a launch failure, which
+ends the job at once, since restarting it would fail the same way.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from unicron.services.agent.tracebacks import classify_log, read_tail
+from unicron.shared.messages import StartWorker
+from unicron.shared.reports import WorkerException, WorkerExited
+from unicron.shared.taxonomy import FailureCategory
+
+if TYPE_CHECKING:
+    from unicron.services.agent.supervisor import WorkerKey
+
+# exec errors of a command that can never run here, with the exit code a shell would give
+_EXIT_CODES = {errno.ENOENT: 127, errno.ENOTDIR: 127, errno.EACCES: 126, errno.ENOEXEC: 126}
+
+
+def cannot_execute(exc: OSError) -> bool:
+    return exc.errno in _EXIT_CODES
+
+
+def exec_error(argv: list[str], cwd: Path | None, exc: OSError) -> str:
+    """A reason that names what could not be executed: the command or the directory."""
+    if cwd is not None and (exc.filename == str(cwd) or not cwd.is_dir()):
+        what = f"working directory {str(cwd)!r}"
+    else:
+        what = f"command {argv[0]!r}"
+    return f"cannot execute {what}: {exc.strerror or exc}"
+
+
+def launch_failure(
+    node_id: str, cmd: StartWorker, argv: list[str], cwd: Path | None, exc: OSError
+) -> list[WorkerException | WorkerExited]:
+    """The reports of a worker that could not be started: its exception, then its exit."""
+    return launch_failure_reports(
+        node_id, cmd, type(exc).__name__, exec_error(argv, cwd, exc), exc.errno
+    )
+
+
+def launch_failure_reports(
+    node_id: str, cmd: StartWorker, exc_type: str, message: str, code: int | None = None
+) -> list[WorkerException | WorkerExited]:
+    ids = {"node_id": node_id, "job_id": cmd.job_id, "generation": cmd.generation}
+    category = FailureCategory.SOFTWARE_OTHER.value
+    exit_code = _EXIT_CODES.get(code or 0, 127)
+    return [
+        WorkerException(**ids, rank=cmd.rank, pid=0, exc_type=exc_type, message=message,
+                        category=category, launch_failed=True),
+        WorkerExited(**ids, rank=cmd.rank, pid=0, exit_code=exit_code),
+    ]  # fmt: skip
+
+
+def logged_exception(node_id: str, who: WorkerKey, pid: int, log: Path) -> WorkerException | None:
+    """The exception the worker's log ends with, as its report; None when it tells of none."""
+    failure = classify_log(read_tail(log))
+    if failure is None:
+        return None
+    return WorkerException(
+        node_id=node_id,
+        job_id=who.job_id,
+        generation=who.generation,
+        rank=who.rank,
+        pid=pid,
+        exc_type=failure.exc_type or "error",
+        message=failure.message,
+        category=failure.category.value,
+    )

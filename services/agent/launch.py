@@ -1,0 +1,132 @@
+"""What a worker process is: its argv, environment and working directory, decided in one place.
+
+A fresh launch (:mod:`services.agent.supervisor`) and a warm spare that takes a launch
+(:mod:`services.agent.spares`) both get a worker's identity from here. A job on the reference
+trainer runs ``python -m <registered module>``; a job with its own ``entrypoint`` runs that argv
+in its working directory with the environment ``torchrun`` gives a worker, so a script written
+for torchrun (``dist.init_process_group`` from the environment) runs unchanged. Everything
+comes from the job record the API accepted (``JobContext``), never from a bus message.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from unicron.services.agent.registry import EntrypointRegistry
+from unicron.shared.messages import StartWorker, WorkerLaunch
+from unicron.shared.models import JobSpec
+
+LAUNCH_ENV = "UNICRON_WORKER_LAUNCH"
+SOCKET_ENV = "UNICRON_AGENT_SOCKET"
+PYTHON_NAMES = frozenset({"python", "python3"})
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What the agent resolved for one start, from the job record and on this node."""
+
+    spec: JobSpec
+    restarts: int = 0  # restarts of the job so far (TORCHELASTIC_RESTART_COUNT)
+    cwd: Path | None = None  # the working directory on this node (an unpacked package, say)
+    master: tuple[str, int] | None = None  # this generation's torch store, for entrypoint jobs
+
+
+class ProcessLaunch(NamedTuple):
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path | None
+
+
+def worker_launch(cmd: StartWorker, spec: JobSpec, node_id: str, socket: Path) -> WorkerLaunch:
+    """The ``UNICRON_WORKER_LAUNCH`` JSON: everything the worker runtime needs."""
+    return WorkerLaunch(
+        node_id=node_id,
+        job_id=cmd.job_id,
+        generation=cmd.generation,
+        rank=cmd.rank,
+        world_size=cmd.world_size,
+        spec=spec,
+        rendezvous=cmd.rendezvous,
+        checkpoint_dir=cmd.checkpoint_dir,
+        agent_socket=str(socket),
+        state_source_rank=cmd.state_source_rank,
+    )
+
+
+def torchrun_env(cmd: StartWorker, ctx: JobContext) -> dict[str, str]:
+    """The variables torchrun's elastic agent sets for a worker (torch.distributed.run)."""
+    if ctx.master is None:
+        raise ValueError("an entrypoint job needs its generation's master store")
+    host, port = ctx.master
+    return {
+        "RANK": str(cmd.rank),
+        "LOCAL_RANK": str(cmd.local_rank),
+        "WORLD_SIZE": str(cmd.world_size),
+        "LOCAL_WORLD_SIZE": str(cmd.local_world_size),
+        "GROUP_RANK": str(cmd.group_rank),
+        "ROLE_RANK": str(cmd.rank),
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": str(cmd.world_size),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RESTART_COUNT": str(ctx.restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(ctx.spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": cmd.job_id,
+        # every rank is a client of the store the agents host: a fresh one per generation
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+
+
+def process_launch(
+    cmd: StartWorker,
+    ctx: JobContext,
+    *,
+    node_id: str,
+    socket: Path,
+    registry: EntrypointRegistry,
+    slot_env: dict[str, str],
+) -> ProcessLaunch:
+    """(argv, env, cwd) of the worker for ``cmd``: os.environ + the job's env + the GPU slot +
+    Unicron's and (for an entrypoint job) torchrun's variables, which nothing may override.
+
+    Raises ``UnknownTrainerError`` for a trainer this node has not registered."""
+    spec = ctx.spec
+    launch = worker_launch(cmd, spec, node_id, socket)
+    env = {
+        **os.environ,
+        **spec.env,
+        **slot_env,
+        LAUNCH_ENV: launch.model_dump_json(),
+        SOCKET_ENV: str(socket),
+        "UNICRON_JOB_ID": cmd.job_id,
+        "UNICRON_CHECKPOINT_DIR": cmd.checkpoint_dir,
+    }
+    if spec.entrypoint is None:
+        return ProcessLaunch(registry.argv(spec.trainer), env, ctx.cwd)
+    env.update(torchrun_env(cmd, ctx))
+    return ProcessLaunch(_interpreter(list(spec.entrypoint)), env, ctx.cwd)
+
+
+def _interpreter(argv: list[str]) -> list[str]:
+    """A bare ``python`` means the agent's own interpreter, as with torchrun, which runs a
+    script with ``sys.executable``: the PATH of an agent started from a virtualenv need not
+    lead to the interpreter that has torch and unicron."""
+    if argv[0] in PYTHON_NAMES:
+        return [sys.executable, *argv[1:]]
+    return argv
+
+
+def spare_can_run(argv: list[str], spare_argv: list[str]) -> bool:
+    """Whether a warm spare (a Python with torch and unicron loaded) can become this worker:
+    the reference trainer it was started for, or a Python script or module of the job's own."""
+    if argv == spare_argv:
+        return True
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return False
+    if argv[1] == "-m":
+        return len(argv) > 2
+    return not argv[1].startswith("-")  # interpreter flags change what a fresh process is

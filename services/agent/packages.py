@@ -1,0 +1,83 @@
+"""A job's uploaded package, unpacked on this node as the working directory of its workers.
+
+Before it starts a worker of a job whose ``working_dir`` is ``pkg://<sha256>``, the agent
+fetches the object from the packages store (:mod:`shared.packages`, which checks the sha256)
+and unpacks it under ``<data_dir>/workdirs/<job_id>``. Unpacking is safe (tarfile's "data"
+filter: no absolute paths, no ``..``, no links that leave the directory, no devices; and a
+bound on the unpacked size) and atomic (a temporary directory renamed into place), so a
+half-unpacked tree is never run and later generations of the job reuse the directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from nats.js import JetStreamContext
+
+from unicron.shared.logging import get_logger
+from unicron.shared.packages import PackageError, get_package
+
+log = get_logger(component="packages")
+MAX_UNPACKED_BYTES = 4 * 1024**3
+MAX_MEMBERS = 200_000
+
+
+def _confined(name: str) -> bool:
+    """A relative name without ``..``: refused outright, not quietly rewritten by the filter."""
+    return not name.startswith("/") and ".." not in PurePosixPath(name).parts
+
+
+def unpack(data: bytes, target: Path) -> None:
+    """Unpack the tar.gz ``data`` into ``target`` (which must not exist yet), all or nothing."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = tar.getmembers()
+            if len(members) > MAX_MEMBERS:
+                raise PackageError(f"package has more than {MAX_MEMBERS} entries")
+            bad = next((m.name for m in members if not _confined(m.name)), None)
+            if bad is not None:
+                raise PackageError(f"package entry {bad!r} would land outside its directory")
+            if sum(m.size for m in members) > MAX_UNPACKED_BYTES:
+                raise PackageError(f"package unpacks to more than {MAX_UNPACKED_BYTES} bytes")
+            tar.extractall(tmp, members=members, filter="data")
+        os.rename(tmp, target)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and target.is_dir():
+            return  # another start of the job unpacked it first: theirs is as good
+        raise PackageError(f"package cannot be unpacked: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class PackageDirs:
+    """Per-job working directories unpacked from packages, made once and then reused."""
+
+    def __init__(self, js: JetStreamContext, data_dir: Path) -> None:
+        self.js = js
+        self.root = (data_dir / "workdirs").absolute()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def path(self, job_id: str) -> Path:
+        return self.root / job_id
+
+    async def directory(self, job_id: str, sha256: str) -> Path:
+        """The job's unpacked working directory; ``PackageError`` when it cannot be had."""
+        target = self.path(job_id)
+        lock = self._locks.setdefault(job_id, asyncio.Lock())
+        async with lock:
+            if target.is_dir():
+                return target
+            data = await get_package(self.js, sha256)
+            await asyncio.to_thread(unpack, data, target)
+        log.info("package unpacked", job_id=job_id, sha256=sha256, bytes=len(data))
+        return target

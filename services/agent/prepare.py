@@ -1,0 +1,66 @@
+"""Before a worker starts: what it runs, read from the job record, and what it needs on this node.
+
+A ``StartWorker`` only names a job and a seat. The agent reads the job from Redis (the record
+the API accepted), so nothing from the bus becomes a command line; a start for a job that is
+gone, over, or at another generation starts nothing. For an entrypoint job it then
+makes the working directory (an uploaded package is fetched and unpacked) and finds the
+generation's master store (:mod:`services.agent.master`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from unicron.services.agent.launch import JobContext
+from unicron.services.agent.master import MasterStores
+from unicron.services.agent.packages import PackageDirs
+from unicron.services.agent.workers import CommandRejectedError
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import StartWorker
+from unicron.shared.packages import PackageError
+from unicron.shared.state import StateStore
+
+log = get_logger(component="prepare")
+
+
+class LaunchRefusedError(RuntimeError):
+    """The job's worker cannot start on this node, and trying again cannot help."""
+
+    def __init__(self, exc_type: str, message: str) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+
+
+class StartPreparer:
+    def __init__(self, state: StateStore, packages: PackageDirs, masters: MasterStores) -> None:
+        self.state = state
+        self.packages = packages
+        self.masters = masters
+
+    async def prepare(self, cmd: StartWorker) -> JobContext | None:
+        """The context of the start, or None when the start is stale. Raises
+        ``CommandRejectedError`` for a job with no record, ``LaunchRefusedError`` for a package
+        that cannot be had."""
+        wlog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
+        job = await self.state.get_job(cmd.job_id)
+        if job is None:
+            raise CommandRejectedError(f"job {cmd.job_id!r} has no record; nothing to start")
+        if job.state.terminal or job.generation != cmd.generation:
+            wlog.info("stale start ignored", state=job.state.value, current=job.generation)
+            return None
+        spec = job.spec
+        if spec.entrypoint is None:
+            return JobContext(spec, job.recoveries)
+        with contextlib.suppress(OSError):  # the script's to make, where it may not be ours
+            await asyncio.to_thread(Path(cmd.checkpoint_dir).mkdir, parents=True, exist_ok=True)
+        cwd = Path(spec.working_dir) if spec.working_dir else None
+        if spec.package is not None:
+            try:
+                cwd = await self.packages.directory(cmd.job_id, spec.package)
+            except PackageError as exc:
+                raise LaunchRefusedError("PackageError", str(exc)) from exc
+        master = await self.masters.address(cmd.job_id, cmd.generation, cmd.rendezvous)
+        return JobContext(spec, job.recoveries, cwd, master)

@@ -1,0 +1,97 @@
+"""Warm spares serve a job's own entrypoint: a real spare (torch and unicron already loaded)
+runs the user's ``python SCRIPT`` or ``python -m MODULE`` in its own process, with the argv,
+environment and working directory a fresh process would have had."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent.conftest import RecordingSink, start_cmd, until
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.launch import JobContext, spare_can_run
+from unicron.services.agent.spares import SparePool
+from unicron.services.agent.supervisor import Supervisor
+from unicron.shared.messages import StartWorker
+from unicron.shared.reports import WorkerExited, WorkerStarted
+
+REAL_SPARE = [sys.executable, "-m", "unicron.trainer.worker"]
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    if sys.argv[1:] == ["--fail"]:
+        raise ValueError("the script's own bug")
+    json.dump({"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+               "name": __name__, "rank": os.environ["RANK"], "mine": os.environ["MINE"],
+               "spare": os.environ.get("UNICRON_WORKER_SPARE")}, open("ran.json", "w"))
+    """
+)
+
+
+@pytest.fixture
+async def real_spares(
+    supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path
+) -> AsyncIterator[SparePool]:
+    pool = SparePool(1, REAL_SPARE, channel.path, tmp_path, lambda: supervisor.slots)
+    pool.channel = channel
+    supervisor.spares = pool
+    channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
+    pool.start()
+    yield pool
+    await pool.close()
+
+
+def script_start(workdir: Path, *args: str) -> tuple[StartWorker, JobContext]:
+    cmd, ctx = start_cmd(
+        "job-u", "user", entrypoint=["python", "train.py", *args], env={"MINE": "1"}
+    )
+    return cmd, JobContext(ctx.spec, 0, workdir, ("127.0.0.1", 29511))
+
+
+async def test_a_spare_runs_the_job_s_own_script_as_a_fresh_process_would(
+    supervisor: Supervisor, real_spares: SparePool, sink: RecordingSink, tmp_path: Path
+) -> None:
+    workdir = tmp_path / "code"
+    workdir.mkdir()
+    (workdir / "train.py").write_text(SCRIPT)
+    await until(lambda: len(real_spares.ready()) == 1, within=60)
+    spare = real_spares.ready()[0]
+    cmd, ctx = script_start(workdir, "--lr", "0.1")
+    await supervisor.start_worker(cmd, ctx)
+    started = await sink.next(WorkerStarted)
+    assert started.pid == spare.proc.pid and real_spares.served == 1
+    exited = await sink.next(WorkerExited, within=30)
+    assert exited.exit_code == 0, (tmp_path / "logs" / "job-u" / "g1-r0.log").read_text()
+    ran = json.loads((workdir / "ran.json").read_text())
+    assert ran["argv"] == [str(workdir / "train.py"), "--lr", "0.1"]
+    assert (ran["cwd"], ran["path0"], ran["name"]) == (str(workdir), str(workdir), "__main__")
+    assert (ran["rank"], ran["mine"], ran["spare"]) == ("0", "1", None)
+
+
+async def test_a_script_that_raises_in_a_spare_exits_1_with_its_traceback(
+    supervisor: Supervisor, real_spares: SparePool, sink: RecordingSink, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    await until(lambda: len(real_spares.ready()) == 1, within=60)
+    cmd, ctx = script_start(tmp_path, "--fail")
+    await supervisor.start_worker(cmd, ctx)
+    exited = await sink.next(WorkerExited, within=30)
+    assert exited.exit_code == 1
+    log = (tmp_path / "logs" / "job-u" / "g1-r0.log").read_text()
+    assert "ValueError: the script's own bug" in log
+
+
+def test_spares_run_python_scripts_and_modules_only() -> None:
+    python = sys.executable
+    assert spare_can_run([python, "train.py", "--x"], REAL_SPARE)
+    assert spare_can_run([python, "-m", "pkg.train"], REAL_SPARE)
+    assert spare_can_run(REAL_SPARE, REAL_SPARE)
+    assert not spare_can_run([python, "-O", "train.py"], REAL_SPARE)  # a flag changes the process
+    assert not spare_can_run(["bash", "run.sh"], REAL_SPARE)
+    assert not spare_can_run([python, "-m"], REAL_SPARE)
