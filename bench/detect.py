@@ -20,10 +20,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
 from bench.harness import BenchCluster, bench_cluster, median, percentile
 from bench.torchrun_baseline import torchrun_crash_and_hang

@@ -20,18 +20,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+
+from bench.crash import completed, crash_trials, spares_ready, trial_of
 from bench.harness import BenchCluster, bench_cluster, median, percentile
 from bench.torchrun_recover import torchrun_crashes
-from bench.trials import Series, Trial, progress
+from bench.trials import Series, progress
+from bench.user_recover import user_script_rows
 
 JOB = {
     "name": "recover-bench", "steps": 10_000_000, "min_workers": 2, "max_workers": 4,
@@ -39,81 +43,6 @@ JOB = {
     "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 32, "vocab": 64},
 }  # fmt: skip
 PHASES = ("detect", "plan", "regroup", "state_transfer", "first_step")
-
-
-async def _completed(
-    cluster: BenchCluster, job_id: str, after_gen: int, timeout_s: float
-) -> tuple[float, dict[str, Any], dict[str, Any] | None]:
-    """(arrival, transition.completed data, failure.detected data) of the first transition of a
-    generation above ``after_gen``."""
-    failure: dict[str, Any] | None = None
-    async with asyncio.timeout(timeout_s):
-        while True:
-            event = await cluster.events.get()
-            data = event.data
-            if data.get("job_id") != job_id:
-                continue
-            if event.type == "failure.detected" and data.get("generation") == after_gen:
-                failure = failure or data
-            if event.type == "transition.completed" and data["generation"] > after_gen:
-                return time.time(), data, failure
-
-
-def _trial(
-    killed_at: float, step_before: int, arrived: float, done: dict[str, Any],
-    failure: dict[str, Any] | None,
-) -> Trial:  # fmt: skip
-    first_step = arrived
-    if failure is not None and done.get("downtime_s") is not None:
-        first_step = failure["observed_at"] + done["downtime_s"]
-    return Trial(
-        recover_s=max(0.0, first_step - killed_at),
-        lost_steps=max(0, step_before - int(done["resumed_step"])),
-        source=str(done.get("state_source") or "?"),
-        kind=str(done.get("kind") or "?"),
-        phases=dict(done.get("phases") or {}),
-        fallback=done.get("fallback"),
-    )
-
-
-async def spares_ready(cluster: BenchCluster, timeout_s: float = 60.0) -> bool:
-    """Wait for steady state: every ready node has its warm spare again (agents replenish them
-    in the background after serving a start), as said by a heartbeat sent after this call (an
-    older one may predate the last start); False when that did not happen in time."""
-    since = time.time()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        nodes = (await cluster.api.get("/v1/nodes")).raise_for_status().json()
-        ready = [n for n in nodes if n["state"] == "READY"]
-        fresh = all(n["last_heartbeat"] > since for n in ready)
-        if ready and fresh and all(n.get("spares_ready", 0) >= 1 for n in ready):
-            return True
-        await asyncio.sleep(0.1)
-    return False
-
-
-def _pid(job: dict[str, Any], rank: int) -> int:
-    return int(next(w["pid"] for w in job["workers"] if w["rank"] == rank))
-
-
-async def crash_trials(cluster: BenchCluster, job_id: str, trials: int) -> Series:
-    series = Series("unicron crash (SEV2)")
-    for _ in range(trials):
-        job = await cluster.wait_job(job_id, world=4)
-        if not await spares_ready(cluster):
-            series.notes.append("a node had no warm spare at the fault")
-        cluster.drain("transition.completed")
-        cluster.drain("failure.detected")
-        rank = random.randrange(4)
-        job = await cluster.job(job_id)
-        killed_at = time.time()
-        os.kill(_pid(job, rank), signal.SIGKILL)
-        arrived, done, failure = await _completed(cluster, job_id, job["generation"], 120)
-        series.trials.append(_trial(killed_at, job["step"], arrived, done, failure))
-        progress(series)
-        if done.get("fallback"):
-            series.notes.append(f"fallback: {done['fallback']}")
-    return series
 
 
 async def node_loss_trials(
@@ -132,8 +61,8 @@ async def node_loss_trials(
         assert child.process is not None
         killed_at = time.time()
         child.process.kill()
-        arrived, done, failure = await _completed(cluster, job_id, job["generation"], 120)
-        series.trials.append(_trial(killed_at, job["step"], arrived, done, failure))
+        arrived, done, failure = await completed(cluster, job_id, job["generation"], 120)
+        series.trials.append(trial_of(killed_at, job["step"], arrived, done, failure))
         progress(series)
         if done["world_size"] != 2:
             series.notes.append(f"expected a shrink to 2, got {done['world_size']}")
@@ -142,7 +71,7 @@ async def node_loss_trials(
         back_at = time.time()
         await asyncio.to_thread(cluster.stack.restart_exited)
         while True:  # the node comes back; the planner grows the job again
-            arrived, grown, _ = await _completed(cluster, job_id, done["generation"], 180)
+            arrived, grown, _ = await completed(cluster, job_id, done["generation"], 180)
             if grown["world_size"] == 4:
                 regrow.append(arrived - back_at)
                 break
@@ -188,24 +117,20 @@ async def planner_calibration(cluster: BenchCluster, timeout_s: float = 60.0) ->
             await asyncio.sleep(0.5)
 
 
-async def main(trials: int) -> dict[str, Any]:
-    random.seed(0)
-    async with bench_cluster() as cluster:
-        job_id = await cluster.submit(**JOB)
-        crash = await crash_trials(cluster, job_id, trials)
-        node_loss, regrow = await node_loss_trials(cluster, job_id, trials)
-        calibration = await planner_calibration(cluster)
+async def gpt_rows(cluster: BenchCluster, trials: int) -> tuple[list[Series], dict[str, Any]]:
+    """The reference GPT: crash and node-loss trials, torchrun on the same model, calibration."""
+    job_id = await cluster.submit(**JOB)
+    crash = await crash_trials(cluster, job_id, trials)
+    node_loss, regrow = await node_loss_trials(cluster, job_id, trials)
+    calibration = await planner_calibration(cluster)
+    await cluster.api.post(f"/v1/jobs/{job_id}/cancel")
     try:
         torchrun = await asyncio.to_thread(torchrun_crashes, trials)
     except Exception as exc:  # keep the Unicron results; say why the baseline is missing
         torchrun = Series("torchrun crash (ckpt every 10)", notes=[f"baseline failed: {exc!r}"])
-    console = Console(width=200)
-    console.print(_table([crash, node_loss, torchrun], regrow))
-    for s in (crash, node_loss, torchrun):
-        for note in s.notes:
-            console.print(f"[yellow]{s.name}: {note}[/yellow]")
     unicron_crash, torch_crash = median(crash.recover()), median(torchrun.recover())
-    return {
+    REGROW.extend(regrow)
+    return [crash, node_loss, torchrun], {
         "unicron_crash_s_p50": round(unicron_crash, 3),
         "unicron_node_loss_s_p50": round(median(node_loss.recover()), 3),
         "torchrun_crash_s_p50": round(torch_crash, 3),
@@ -218,8 +143,34 @@ async def main(trials: int) -> dict[str, Any]:
     }
 
 
+async def main(trials: int, suites: list[str]) -> dict[str, Any]:
+    random.seed(0)
+    rows: list[Series] = []
+    figures: dict[str, Any] = {}
+    async with bench_cluster() as cluster:
+        for suite in suites:
+            series, found = await SUITES[suite](cluster, trials)
+            rows += series
+            figures.update(found)
+    console = Console(width=200)
+    console.print(_table(rows, REGROW))
+    for s in rows:
+        for note in s.notes:
+            console.print(f"[yellow]{s.name}: {note}[/yellow]")
+    return figures
+
+
+SUITES = {"gpt": gpt_rows, "user": user_script_rows}
+REGROW: list[float] = []  # node back → 4 workers, from the GPT node-loss trials
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument(
+        "--suite", choices=[*SUITES, "all"], default="all",
+        help="gpt: the reference GPT rows; user: a user's script on the API, unmodified, torchrun",
+    )  # fmt: skip
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.trials))))
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    print(json.dumps(asyncio.run(main(args.trials, suites))))

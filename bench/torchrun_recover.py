@@ -1,9 +1,15 @@
 """The recovery baseline: ``torchrun --max-restarts=3`` over a job that checkpoints every 10
-steps (:mod:`bench.torchrun_ckpt_job`), its workers SIGKILLed one at a time; each trial is the
-kill against the first completed step of the next restart group, and the steps redone."""
+steps, its workers SIGKILLed one at a time; each trial is the kill against the first completed
+step of the next restart group, and the steps redone.
+
+The job is :mod:`bench.torchrun_ckpt_job` (the GPT rows) or :mod:`bench.user_ddp` (the
+user-script rows). :class:`MarkerLog` reads the per-step markers both write; the Unicron
+entrypoint row reads the same markers of the same script (:mod:`bench.user_recover`).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -16,70 +22,87 @@ from bench.torchrun_baseline import TorchrunJob
 from bench.trials import Series, Trial, progress
 
 
-class CheckpointingTorchrun(TorchrunJob):
-    """``TorchrunJob`` running :mod:`bench.torchrun_ckpt_job` with ``--max-restarts=3``."""
+class MarkerLog:
+    """The JSON markers (one per rank and step: rank, pid, restart group, step, resumed, t)."""
 
-    def __init__(self, workdir: Path, nproc: int = 4, max_restarts: int = 3) -> None:
-        super().__init__(
-            workdir, nproc, "bench.torchrun_ckpt_job", max_restarts,
-            BENCH_CKPT=str(workdir / "ckpt"), BENCH_CHECKPOINT_EVERY="10",
-        )  # fmt: skip
+    def __init__(self, path: Path, ranks: int = 4) -> None:
+        self.path = path
+        self.ranks = ranks
 
-    def first_step(self, restart: int, timeout_s: float = 180.0) -> dict[str, Any]:
-        """The first completed step of group ``restart`` (every rank's step has the same t)."""
+    def steps(self, restart: int | None = None) -> list[dict[str, Any]]:
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        marks = [json.loads(line) for line in lines if line.endswith("}")]
+        return [
+            m
+            for m in marks
+            if m["event"] == "step" and (restart is None or m["restart"] == restart)
+        ]
+
+    def first_step_after(self, restart: int, timeout_s: float = 180.0) -> dict[str, Any]:
+        """The first completed step of a restart group above ``restart``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            steps = [m for m in self.marks() if m["restart"] == restart and m["event"] == "step"]
-            if steps:
-                return min(steps, key=lambda m: m["t"])
+            later = [m for m in self.steps() if m["restart"] > restart]
+            if later:
+                return min(later, key=lambda m: m["t"])
             time.sleep(0.02)
-        raise TimeoutError(f"torchrun group {restart} never stepped")
+        raise TimeoutError(f"no restart group after {restart} stepped")
 
     def wait_progress(self, restart: int, steps: int, timeout_s: float = 180.0) -> dict[int, int]:
         """Pids by rank once every rank of group ``restart`` did ``steps`` steps in it."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            marks = [m for m in self.marks() if m["restart"] == restart and m["event"] == "step"]
             done: dict[int, list[dict[str, Any]]] = {}
-            for mark in marks:
+            for mark in self.steps(restart):
                 done.setdefault(mark["rank"], []).append(mark)
-            if len(done) == 4 and all(len(v) >= steps for v in done.values()):
+            if len(done) == self.ranks and all(len(v) >= steps for v in done.values()):
                 return {rank: int(v[-1]["pid"]) for rank, v in done.items()}
             time.sleep(0.05)
-        raise TimeoutError(f"torchrun group {restart} did not make {steps} steps")
+        raise TimeoutError(f"restart group {restart} did not make {steps} steps")
 
     def last_step(self, restart: int) -> int:
-        steps = [
-            m["step"] for m in self.marks() if m["restart"] == restart and m["event"] == "step"
-        ]
-        return max(steps, default=0)
+        return max((m["step"] for m in self.steps(restart)), default=0)
 
 
-def torchrun_crashes(trials: int, max_restarts: int = 3) -> Series:
-    series = Series("torchrun crash (ckpt every 10)")
-    done = 0
-    while done < trials:
+def kill_trial(log: MarkerLog, restart: int, kind: str) -> tuple[Trial, int]:
+    """SIGKILL a random rank of group ``restart`` after 8-20 steps; the trial and the group
+    that recovered."""
+    pids = log.wait_progress(restart, random.randint(8, 20))
+    step_before = log.last_step(restart)
+    killed_at = time.time()
+    os.kill(pids[random.randrange(len(pids))], signal.SIGKILL)
+    first = log.first_step_after(restart)
+    trial = Trial(
+        recover_s=first["t"] - killed_at,
+        lost_steps=max(0, step_before - int(first["resumed"])),
+        source="disk" if first["resumed"] else "none",
+        kind=kind,
+    )
+    return trial, int(first["restart"])
+
+
+def torchrun_crashes(
+    trials: int,
+    module: str = "bench.torchrun_ckpt_job",
+    name: str = "torchrun crash (ckpt every 10)",
+    max_restarts: int = 3,
+) -> Series:
+    series = Series(name)
+    while len(series.trials) < trials:
         with tempfile.TemporaryDirectory(
             prefix="torchrun-recover-", ignore_cleanup_errors=True
         ) as tmp:
-            job = CheckpointingTorchrun(Path(tmp), max_restarts=max_restarts)
+            job = TorchrunJob(
+                Path(tmp), 4, module, max_restarts,
+                BENCH_CKPT=str(Path(tmp) / "ckpt"), BENCH_CHECKPOINT_EVERY="10",
+            )  # fmt: skip
+            log = MarkerLog(job.markers)
             try:
-                for restart in range(min(max_restarts, trials - done)):
-                    pids = job.wait_progress(restart, random.randint(8, 20))
-                    step_before = job.last_step(restart)
-                    killed_at = time.time()
-                    os.kill(pids[random.randrange(4)], signal.SIGKILL)
-                    first = job.first_step(restart + 1)
-                    series.trials.append(
-                        Trial(
-                            recover_s=first["t"] - killed_at,
-                            lost_steps=max(0, step_before - int(first["resumed"])),
-                            source="disk" if first["resumed"] else "none",
-                            kind="restart",
-                        )
-                    )
+                restart = 0
+                for _ in range(min(max_restarts, trials - len(series.trials))):
+                    trial, restart = kill_trial(log, restart, "restart")
+                    series.trials.append(trial)
                     progress(series)
-                    done += 1
             finally:
                 job.stop()
     return series

@@ -96,7 +96,9 @@ class ProgressTracker:
         worker.pid = report.pid
         worker.state = WorkerState.RUNNING
         everyone = all(w.state == WorkerState.RUNNING for w in job.workers)
-        plain = job.spec.entrypoint is not None and not job.needs_recovery()
+        # A job that reported a step speaks the training API: its first step ends the
+        # transition (and says how long it took); only one that never did is RUNNING on start.
+        plain = job.spec.entrypoint is not None and not job.needs_recovery() and job.step == 0
         if plain and everyone and job.state in _TRANSITIONING:
             reason = f"generation {job.generation}: all {len(job.workers)} workers started"
             job.set_state(JobState.RUNNING, reason)

@@ -60,6 +60,8 @@ def test_an_api_script_heals_in_place_and_ends_with_failure_free_weights(
     assert job["state"] == "SUCCEEDED", job["history"]
     assert job["last_failure"]["kind"] == "crash" and job["last_failure"]["rank"] == 1
     assert job["recoveries"] == 1
+    # the new generation's first step ended the transition (not merely its workers starting)
+    assert any(h["reason"] == "generation 2 stepping" for h in job["history"]), job["history"]
     checkpoints = stack.config.data_dir / "checkpoints" / job_id
     got = weights(checkpoints / f"step-{STEPS}.pt")
     for name, tensor in expected.items():
