@@ -1,9 +1,11 @@
 """Monitoring overhead: the runtime's real training step with its in-band monitoring vs bare.
 
-``python bench/overhead.py [--steps N] [--rounds R] [--variant gpt] [--batch-ms MS]``. One
-process trains the reference GPT of a default job (``JobSpec()``: 4 layers, width 128, 16
-sequences of 64 tokens a step) on one thread, in a world-size-1 gloo group over a TCP store the
-bench hosts. Both variants run the same step (for ``gpt``, :func:`trainer.loop.run_step`):
+``python bench/overhead.py [--steps N] [--rounds R] [--variant gpt|user] [--batch-ms MS]``.
+One process trains on one thread, in a world-size-1 gloo group over a TCP store the bench
+hosts: ``gpt`` the reference GPT of a default job (``JobSpec()``: 4 layers, width 128, 16
+sequences of 64 tokens a step), ``user`` a user's MLP on a map-style dataset through the
+training API's data path (:mod:`bench.overhead_variants`). Both ways run the runtime's own step
+(:func:`trainer.loop.run_step`):
 
 - monitored: with a :class:`~trainer.loop.StepMonitor` — a ``WorkerPhase`` at compute and at
   the all-reduce, compute timing, the fault-directive check, a ``StepCompleted`` with
@@ -31,12 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
@@ -44,15 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
+from bench.overhead_variants import VARIANTS, Variant
 from unicron.shared.messages import Rendezvous, WorkerLaunch
 from unicron.shared.models import JobSpec
 from unicron.shared.procs import die_with_parent, free_port
 from unicron.shared.reports import WorkerHello
 from unicron.trainer.channel import BATCH_S, AgentChannel
 from unicron.trainer.faults import FaultInbox
-from unicron.trainer.gpt import loss_of, make_optimizer
-from unicron.trainer.loop import StepMonitor, Trainee, run_step
-from unicron.trainer.model import build_model
 from unicron.trainer.runtime import RuntimeOptions, join_process_group
 
 WARMUP = 5
@@ -89,69 +86,6 @@ late.sort()
 q = lambda f: round(1e3 * late[min(len(late) - 1, int(f * len(late)))], 3) if late else None
 print(json.dumps({"lines": sum(counts), "p50": q(0.5), "p99": q(0.99), "max": q(1.0)}))
 """
-
-
-@dataclass
-class Variant:
-    """A training step the bench runs monitored and bare: ``step(n, monitored)`` trains step
-    ``n``; ``lines_per_step`` is how many lines a monitored step sends the agent."""
-
-    step: Callable[[int, bool], None]
-    lines_per_step: int
-    hot_ns: Callable[[], int] = lambda: 0  # ns spent in monitoring calls so far, if it knows
-
-
-class TimedMonitor(StepMonitor):
-    """The runtime's monitor, clocking the time the training thread spends in its calls: the
-    part of the overhead that load on the machine cannot blur."""
-
-    spent_ns = 0
-
-    def before_compute(self, step: int) -> None:
-        began = time.perf_counter_ns()
-        super().before_compute(step)
-        self.spent_ns += time.perf_counter_ns() - began
-
-    def before_collective(self, step: int) -> None:
-        began = time.perf_counter_ns()
-        super().before_collective(step)
-        self.spent_ns += time.perf_counter_ns() - began
-
-    def after_collective(self, step: int) -> None:
-        began = time.perf_counter_ns()
-        super().after_collective(step)
-        self.spent_ns += time.perf_counter_ns() - began
-
-    def completed(self, step: int, loss: float, iteration_s: float) -> None:
-        began = time.perf_counter_ns()
-        super().completed(step, loss, iteration_s)
-        self.spent_ns += time.perf_counter_ns() - began
-
-
-# What a variant is built from: the launch, the channel to the stand-in agent, the inbox its
-# directives land in, and the world-size-1 process group.
-VariantBuilder = Callable[[WorkerLaunch, AgentChannel, FaultInbox, dist.ProcessGroup], Variant]
-
-
-def gpt_variant(
-    launch: WorkerLaunch, channel: AgentChannel, inbox: FaultInbox, group: dist.ProcessGroup
-) -> Variant:
-    """The runtime's own step (``trainer.loop.run_step``) with its ``StepMonitor``."""
-    spec = launch.spec
-    model = build_model(spec.model, spec.seed)
-    trainee = Trainee(launch, model, make_optimizer(model), group, compute=loss_of(model, spec))
-    monitor = TimedMonitor(launch, channel, inbox)
-
-    def step(n: int, monitored: bool) -> None:
-        run_step(trainee, n, monitor if monitored else None)
-
-    # phase compute, phase collective, step completed
-    return Variant(step, lines_per_step=3, hot_ns=lambda: monitor.spent_ns)
-
-
-# A second entry, for a script written against the public training API (unicron/train.py),
-# goes here when that API lands: same signature, its step with monitoring on and off.
-VARIANTS: dict[str, VariantBuilder] = {"gpt": gpt_variant}
 
 
 def start_agent(path: str) -> subprocess.Popen[str]:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.crash import crash_trials
+from bench.crash import crash_trials, spares_ready
 from bench.harness import BenchCluster, median
 from bench.torchrun_recover import MarkerLog, kill_trial, torchrun_crashes
 from bench.trials import Series, progress
@@ -60,6 +60,9 @@ async def plain_script_trials(cluster: BenchCluster, trials: int) -> Series:
         log = MarkerLog(markers)
         restart = 0  # TORCHELASTIC_RESTART_COUNT of the first generation
         for _ in range(trials):
+            # the steady state the API row also waits for: every node has its warm spare
+            if not await spares_ready(cluster):
+                series.notes.append("a node had no warm spare at the fault")
             trial, restart = await asyncio.to_thread(kill_trial, log, restart, "restart")
             series.trials.append(trial)
             progress(series)

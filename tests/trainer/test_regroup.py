@@ -5,13 +5,11 @@ peer, partial-step reuse, warm spares — and training exactly as if nothing had
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
-from tests.trainer.harness import agent_and_held_store, make_spec
-from tests.trainer.transitions import Executor
+from tests.trainer.harness import make_spec
+from tests.trainer.transitions import executor
 from unicron.shared.models import JobSpec
 from unicron.trainer import checkpoint
 from unicron.trainer.gpt import make_optimizer, train_step
@@ -32,18 +30,6 @@ def assert_same_model(got: dict[str, torch.Tensor], expected: dict[str, torch.Te
     for name, want in expected.items():
         rel = float((got[name] - want).abs().max() / want.abs().max().clamp_min(1e-12))
         assert rel <= 1e-5, (name, rel)
-
-
-@contextmanager
-def executor(spec: JobSpec) -> Iterator[tuple[Executor, object]]:
-    with agent_and_held_store() as (agent, rendezvous, scratch, store):
-        ex = Executor(agent, spec, rendezvous.host, rendezvous.port, scratch / "ck")
-        try:
-            yield ex, store
-        except BaseException:
-            print(ex.close())  # every worker's log, to see why
-            raise
-        ex.close()
 
 
 def test_regroups_shrink_and_grow_train_exactly_like_a_run_without_faults() -> None:

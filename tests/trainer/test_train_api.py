@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from tests.trainer.harness import DISCONNECTED, REPO, agent_and_held_store, make_spec
-from tests.trainer.transitions import Executor
+from tests.trainer.harness import DISCONNECTED, REPO, make_spec
+from tests.trainer.transitions import Executor, executor
 from tests.trainer.user_script import dataset
 from unicron.shared.models import JobSpec
 from unicron.trainer import checkpoint
@@ -26,18 +24,6 @@ from unicron.trainer.sampling import sample_indices, source_of
 SCRIPT = "tests.trainer.user_script"
 # 40 samples, 12 a step: epochs end mid-step; six micro-batches of two.
 SPEC = make_spec(steps=12, global_batch=12, micro_batch=2, checkpoint_every=4)
-
-
-@contextmanager
-def executor(spec: JobSpec) -> Iterator[tuple[Executor, object]]:
-    with agent_and_held_store() as (agent, rendezvous, scratch, store):
-        ex = Executor(agent, spec, rendezvous.host, rendezvous.port, scratch / "ck")
-        try:
-            yield ex, store
-        except BaseException:
-            print(ex.close())
-            raise
-        ex.close()
 
 
 def local_run(spec: JobSpec, out: Path) -> dict[str, torch.Tensor]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import queue
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.trainer.harness import AgentStandIn, make_launch, spawn
+from tests.trainer.harness import AgentStandIn, agent_and_held_store, make_launch, spawn
 from unicron.shared.messages import (
     FaultDirective,
     FaultKind,
@@ -137,3 +138,17 @@ class Executor:
                 _, err = proc.communicate(timeout=30)
                 self.stderr[pid] = err.decode(errors="replace")
         return "\n".join(f"--- pid {pid}\n{err}" for pid, err in self.stderr.items())
+
+
+@contextmanager
+def executor(spec: JobSpec) -> Iterator[tuple[Executor, object]]:
+    """An executor over a stand-in agent and a store held by the test; on failure it prints
+    every worker's log."""
+    with agent_and_held_store() as (agent, rendezvous, scratch, store):
+        ex = Executor(agent, spec, rendezvous.host, rendezvous.port, scratch / "ck")
+        try:
+            yield ex, store
+        except BaseException:
+            print(ex.close())  # every worker's log, to see why
+            raise
+        ex.close()
