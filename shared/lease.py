@@ -49,7 +49,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-PLANNER_LEASE = "planner"  # the one writer of plans (DESIGN.md §6)
+PLANNER_LEASE = "planner"  # the one writer of plans (docs/design.md §6)
 
 log = get_logger(component="lease")
 

@@ -87,7 +87,7 @@ class StopWorkers(Message):
 
 class RegroupDirective(GroupSeat):
     """Agent → worker over the local channel: re-form the process group in place under a new
-    generation (new store prefix), keeping the process and its memory (DESIGN.md §5)."""
+    generation (new store prefix), keeping the process and its memory (docs/design.md §5)."""
 
     directive: Literal["regroup"] = "regroup"
 

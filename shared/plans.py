@@ -35,7 +35,7 @@ class Alternative(BaseModel):
 
 
 class JobExplanation(BaseModel):
-    """Why a job got what a plan gives it (DESIGN.md §4 terms, in FLOP/s and seconds)."""
+    """Why a job got what a plan gives it (docs/design.md §4 terms, in FLOP/s and seconds)."""
 
     old_workers: int = 0
     new_workers: int = 0

@@ -1,4 +1,4 @@
-"""Failure taxonomy of DESIGN.md §3: what kinds of fault exist, how bad each is, what to do.
+"""Failure taxonomy of docs/design.md §3: what kinds of fault exist, how bad each is, what to do.
 
 The table is the single source for severity and action; the trainer's exception classifier,
 the agent's supervision and the detector all name categories from here.
@@ -85,7 +85,7 @@ SEVERITY_TABLE: dict[FailureCategory, tuple[Severity, RecoveryAction]] = {
     FailureCategory.STRAGGLER: _ADVISORY,
 }
 
-# An action that fails again escalates one level up this ladder (DESIGN.md §3).
+# An action that fails again escalates one level up this ladder (docs/design.md §3).
 ESCALATION: tuple[tuple[Severity, RecoveryAction], ...] = (_SEV3, _SEV2, _SEV1)
 
 

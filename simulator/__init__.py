@@ -1,5 +1,5 @@
 """Cluster simulator: replays failure traces on a simulated GPU cluster under several recovery
-policies (Unicron and the paper's baselines) and scores each by accumulated WAF (DESIGN.md §4).
+policies (Unicron and the paper's baselines) and scores each by accumulated WAF (docs/design.md §4).
 
 Modules, one concept each:
 

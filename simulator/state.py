@@ -1,7 +1,7 @@
 """What a policy acts on: each job's allocation and recovery, and the work it accrues.
 
 A job is *up* when it holds workers and its recovery is over (``now ≥ down_until``); while up it
-earns weight x T(workers) x the policy's overhead factor of WAF every second (DESIGN.md §1).
+earns weight x T(workers) x the policy's overhead factor of WAF every second (docs/design.md §1).
 Detection, planning, transition downtime and recomputation all hold the job down: a policy
 calls :meth:`Simulation.hold` with their sum. Rates are constant between events, so the
 accrual is exact. A job with a ``length_s`` finishes when its work (FLOPs of ``length_s`` on

@@ -1,5 +1,5 @@
 """Failure traces: a CSV of ``time_s,node,category,repair_s`` rows, or one generated from the
-paper's failure mix (DESIGN.md §3) at a per-GPU failure rate.
+paper's failure mix (docs/design.md §3) at a per-GPU failure rate.
 
 ``node`` is a node index (0-based) or a name ``node-007``; ``category`` is a
 :class:`shared.taxonomy.FailureCategory` value, whose severity comes from the taxonomy's table;
@@ -25,7 +25,7 @@ from unicron.shared.taxonomy import FailureCategory, Severity, severity_of
 from unicron.simulator.inputs import InputError
 
 C = FailureCategory
-# Share (percent) of the paper's largest jobs that ended with each error (DESIGN.md §3).
+# Share (percent) of the paper's largest jobs that ended with each error (docs/design.md §3).
 PAPER_MIX: dict[FailureCategory, float] = {
     C.NCCL_TIMEOUT: 10.1, C.ECC: 5.0, C.NVLINK: 4.5, C.NETWORK_OTHER: 4.0,
     C.LINK_FLAPPING: 3.9, C.SOFTWARE_OTHER: 3.3, C.TASK_HANG: 3.1, C.ILLEGAL_MEMORY: 2.1,

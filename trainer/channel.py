@@ -4,7 +4,7 @@ Worker → agent: a ``Hello`` line, then each report model (``StepCompleted``, `
 ``WorkerException``, …) as one line of ``model_dump_json()``. Agent → worker: JSON objects,
 one per line, handed to a callback (fault directives and whatever else the agent will say).
 
-Training must never wait on the agent (DESIGN.md §6), nor pay more than a microsecond a report
+Training must never wait on the agent (docs/design.md §6), nor pay more than a microsecond a report
 for telling it: :meth:`AgentChannel.send` appends the report object to a bounded deque (atomic,
 no lock, no syscall; a full deque drops its oldest report) and returns. A daemon writer thread
 wakes on a short timer (``batch_s``, 10 ms), serialises everything queued and writes it in one

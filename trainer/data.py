@@ -5,7 +5,7 @@ few likely successors, so a model can push its loss from ln(vocab) towards the c
 
 The data order is a pure function of ``(seed, step, micro-batch index)``: whichever rank of
 whichever world size asks for micro-batch ``i`` of step ``s`` gets the same tensors, so a
-job can shrink, grow or resume without losing or repeating a sample (DESIGN.md §5).
+job can shrink, grow or resume without losing or repeating a sample (docs/design.md §5).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One rank's life across generations: step, and when the group breaks or the control plane
-re-forms it, regroup in place without leaving the process (DESIGN.md §5).
+re-forms it, regroup in place without leaving the process (docs/design.md §5).
 
 :class:`ElasticRank` owns the rank's memory (the user's model, optimizer and scheduler, the
 step, the step in progress) and its current membership (generation, rank, world, process

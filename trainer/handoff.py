@@ -1,5 +1,5 @@
 """State hand-off when a process group is re-formed: who holds the training state, who needs
-it, and which micro-batches of the interrupted step are still to do (DESIGN.md §5).
+it, and which micro-batches of the interrupted step are still to do (docs/design.md §5).
 
 Right after a regroup every rank of the new group all-gathers a short :class:`Holding` —
 whether it has trustworthy state, the step it would complete next and the micro-batch indices

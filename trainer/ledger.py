@@ -5,7 +5,7 @@ Every step's all-reduce carries a count per micro-batch index (see
 global batch was summed into the update — across regroups, shrinks and partial-step reuse.
 Each rank keeps the entries in memory; rank 0 of whichever generation is current also appends
 them to ``<checkpoint_dir>/ledger.jsonl``, so a test or an operator can check after the fact
-that every sample of every step was used exactly once (DESIGN.md §5).
+that every sample of every step was used exactly once (docs/design.md §5).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the caller does each forward and backward (the user's loop body, through
 is how the overhead benchmark runs the same step with a :class:`StepMonitor` and bare
 (``monitor=None``) to measure what monitoring costs.
 
-The monitor is the worker's in-band telemetry (DESIGN.md §3):
+The monitor is the worker's in-band telemetry (docs/design.md §3):
 
 - ``WorkerPhase`` when the step enters its own compute, enters the all-reduce, and when rank 0
   starts a checkpoint — a rank that stops making progress in *compute* is the culprit, its

@@ -81,7 +81,7 @@ def micro_batches_for(rank: int, world: int, total: int) -> list[int]:
 class StepWork:
     """One step's micro-batches on this rank: those summed into ``.grad`` so far (``done``,
     with their loss sum) and those still to do. Kept across a failed collective, so the
-    step can be completed after a regroup without redoing them (DESIGN.md §5)."""
+    step can be completed after a regroup without redoing them (docs/design.md §5)."""
 
     step: int
     todo: list[int]

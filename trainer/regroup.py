@@ -1,7 +1,7 @@
 """Regroup directives waiting for the training thread, and when a worker may wait for one.
 
 The agent hands a worker a ``RegroupDirective`` (``{"directive": "regroup", ...}``) over the
-local channel to re-form its process group in place under a new generation (DESIGN.md §5).
+local channel to re-form its process group in place under a new generation (docs/design.md §5).
 The channel's reader thread parks it here; the training thread looks between micro-batches
 (:meth:`RegroupInbox.pending` is one unlocked read) and applies it at once, or waits for one
 while *parked* after a peer failure. Only the newest generation above the current one is

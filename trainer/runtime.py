@@ -5,7 +5,7 @@ directives (fault drills to :mod:`trainer.faults`, regroups to :mod:`trainer.reg
 the generation's process group through the agent-hosted TCP store, and once the user's model
 and optimizer are known runs them as an :class:`~trainer.elastic.ElasticRank`. It reports
 each exception that ends the rank *once*, classified, before the process dies, so the control
-plane knows why a rank failed within seconds (DESIGN.md §3); :mod:`unicron.train` is the
+plane knows why a rank failed within seconds (docs/design.md §3); :mod:`unicron.train` is the
 public face that calls it.
 
 Outside Unicron (no launch) the runtime is *local*: one process, no agent, no process group —

@@ -2,7 +2,7 @@
 
 Exact elastic training needs the data order to be a function of ``(seed, step, index)``
 only, so that any rank of any world size, a survivor redoing a lost rank's share or a run
-resumed from disk, builds the same micro-batch (DESIGN.md §5). :func:`source_of` turns what a
+resumed from disk, builds the same micro-batch (docs/design.md §5). :func:`source_of` turns what a
 user passes to ``run.batches`` into such a function:
 
 - a map-style dataset (``__len__`` and ``__getitem__``): the job's samples are read as one

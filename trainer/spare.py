@@ -1,6 +1,6 @@
 """Warm spares: a worker process started before it is needed, waiting for its launch.
 
-A fresh Python + torch process needs about 1.7 s before its first step (DESIGN.md §5); a
+A fresh Python + torch process needs about 1.7 s before its first step (docs/design.md §5); a
 replacement rank taken from a spare skips that. ``python -m trainer.worker --spare`` (or
 ``UNICRON_WORKER_SPARE=1``) imports torch and the runtime, connects to the agent's local
 channel at ``UNICRON_AGENT_SOCKET`` and says hello as a spare — a ``WorkerHello`` with

@@ -1,5 +1,5 @@
 """In-place regroups: ``RegroupWorker`` commands delivered to one live worker as a
-``RegroupDirective`` line (DESIGN.md §5: survivors keep their process and memory).
+``RegroupDirective`` line (docs/design.md §5: survivors keep their process and memory).
 
 The worker is found by who it is now (a worker may re-form several times); once the directive
 is on its way the supervisor knows it by its new (generation, rank), so later stops, fault

@@ -1,6 +1,6 @@
 """Warm spares: pre-started worker processes (interpreter up, torch imported) waiting on the
 local channel for a launch, so a replacement rank starts in milliseconds instead of the ~2 s
-of a fresh Python + torch (DESIGN.md §5).
+of a fresh Python + torch (docs/design.md §5).
 
 A spare is ``python -m <trainer module> --spare`` with ``UNICRON_AGENT_SOCKET`` set; it connects
 to the agent's channel and waits for one ``SpareLaunch`` line (the reference trainer's launch, or a

@@ -1,7 +1,7 @@
 """Which workers of a job survive a transition, and which rank each takes in the new generation.
 
 Pure functions of a job, its allocation in a plan and the nodes, used by
-:mod:`services.executor.transitions` (DESIGN.md §5). A rank survives when its process runs on
+:mod:`services.executor.transitions` (docs/design.md §5). A rank survives when its process runs on
 a usable node and it is not the culprit of a failure that calls for more than a reattempt.
 Survivors keep their rank where the plan keeps their node for it, fill the other ranks on their
 node in placement order, and every rank left empty gets a joiner that takes the training state

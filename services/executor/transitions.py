@@ -1,6 +1,6 @@
 """Carry out one plan: for each job, the transition from what runs to what the plan wants.
 
-Healthy workers are kept (DESIGN.md §5): when a recovering or resized job still has live
+Healthy workers are kept (docs/design.md §5): when a recovering or resized job still has live
 workers of a generation that stepped, they re-form in place under the new generation
 (``RegroupWorker``) and only the missing ranks get new processes, joiners that take the state
 from a surviving rank. A reattempt (SEV3) re-forms the same ranks with no state transfer; a
@@ -53,7 +53,7 @@ class TransitionRunner:
         self.settings = settings
 
     async def apply_plan(self, plan: Plan) -> None:
-        # Fencing (DESIGN.md §6): a plan from a planner that has since lost its lease is void.
+        # Fencing (docs/design.md §6): a plan from a planner that has since lost its lease is void.
         epoch = await current_epoch(self.state.redis, PLANNER_LEASE, self.state.prefix)
         if plan.epoch < epoch:
             get_logger(plan_id=plan.id).warning(

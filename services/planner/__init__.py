@@ -1,4 +1,4 @@
-"""The planner: turns jobs, failures and nodes into a whole-cluster allocation (DESIGN.md §4).
+"""The planner: turns jobs, failures and nodes into a whole-cluster allocation (docs/design.md §4).
 
 Layers, from pure to wired:
 

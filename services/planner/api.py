@@ -31,7 +31,7 @@ ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.RECOVER
 
 
 class TransitionKind(str, Enum):
-    """How a job gets from what it runs to what a plan gives it (DESIGN.md §5)."""
+    """How a job gets from what it runs to what a plan gives it (docs/design.md §5)."""
 
     NONE = "none"  # nothing changes: it keeps running, or keeps waiting
     START = "start"  # first launch
@@ -45,7 +45,7 @@ class TransitionKind(str, Enum):
 
 
 class StateSource(str, Enum):
-    """Where new ranks get the training state, nearest first (DESIGN.md §5)."""
+    """Where new ranks get the training state, nearest first (docs/design.md §5)."""
 
     NONE = "none"
     PEER = "peer"  # a healthy data-parallel replica
@@ -79,7 +79,7 @@ class JobDemand:
 
     @property
     def old_workers(self) -> int:
-        """x_old of DESIGN.md §4: what the job ran on before this plan."""
+        """x_old of docs/design.md §4: what the job ran on before this plan."""
         return self.world_size or self.current
 
     def feasible(self, workers: IntArray) -> npt.NDArray[np.bool_]:
@@ -146,7 +146,7 @@ class TransitionCost(Protocol):
 
 @dataclass(frozen=True)
 class Objective:
-    """The parameters of G(t, x) (DESIGN.md §4) and the allocation granularity.
+    """The parameters of G(t, x) (docs/design.md §4) and the allocation granularity.
 
     ``unit`` is the number of slots the DP hands out at once: a node's GPUs on a GPU cluster,
     1 on the CPU demo. ``run_s`` is D_run, the expected time to the next failure.

@@ -73,7 +73,7 @@ H800 = CLUSTERS.register(
 
 # This machine: one slot is one CPU worker process of the reference trainer (fp32, gloo over
 # loopback TCP). The reference trainer is data parallel only and runs the micro-batch it was
-# submitted with, so the search is too. Transition constants are DESIGN.md §5's measurements:
+# submitted with, so the search is too. Transition constants are docs/design.md §5's measurements:
 # a fresh Python + torch process needs about 1.7 s; a process group re-forms in about 20 ms; a
 # warm spare takes a crashed rank's seat in about 80 ms (bench/recover.py: regroup phase p50
 # 0.095 s, less the re-form).

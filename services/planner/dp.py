@@ -1,4 +1,4 @@
-"""The allocation dynamic programme of DESIGN.md §4: pure numpy, no I/O, no models.
+"""The allocation dynamic programme of docs/design.md §4: pure numpy, no I/O, no models.
 
 Given G (``rewards[i, k]``: job i's reward for k units, -inf where infeasible, k = 0 always
 feasible) and n units, it maximises Σ_i G[i, k_i] subject to Σ_i k_i ≤ n:

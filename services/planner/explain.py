@@ -1,6 +1,6 @@
 """Explanations: what each job gets, what it costs, and the best alternatives that lost.
 
-For each job the explanation records the DESIGN.md §4 terms of the chosen count (T, WAF,
+For each job the explanation records the docs/design.md §4 terms of the chosen count (T, WAF,
 predicted downtime, G) and, for a few telling alternatives — no workers, one or two units
 fewer or more, what it holds now, its largest feasible count, its best count on its own — the
 expected reward of the best whole-cluster plan that makes that choice (:func:`dp.alternatives`,

@@ -1,4 +1,4 @@
-"""The reward G(t, x) of DESIGN.md §4, evaluated for every job and every unit count.
+"""The reward G(t, x) of docs/design.md §4, evaluated for every job and every unit count.
 
     G(t, x) = w·T(t, x)·D_run - [x ≠ x_old or t was hit]·w·T(t, x_old)·D_trans(t, x_old → x)
 

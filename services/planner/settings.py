@@ -14,7 +14,7 @@ from unicron.services.planner.spec import ClusterSpec
 from unicron.services.planner.throughput import THROUGHPUT_MODELS
 from unicron.shared.settings import CommonSettings
 
-# Llama 3 405B: 466 interruptions in 54 days on 16,384 H100 (DESIGN.md §7).
+# Llama 3 405B: 466 interruptions in 54 days on 16,384 H100 (docs/design.md §7).
 LLAMA3_FAILURES_PER_GPU_H = 466 / (54 * 24 * 16384)
 
 

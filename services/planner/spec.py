@@ -88,7 +88,7 @@ class ClusterSpec:
     max_pp: int = 128
     tune_micro_batch: bool = True
     unit_slots: int = 8  # the DP hands out whole nodes
-    # Transitions (DESIGN.md §5): fresh process with its runtime, re-forming a process group in
+    # Transitions (docs/design.md §5): fresh process with its runtime, re-forming a process group in
     # place, retrying a collective in place, and reading a checkpoint from local disk.
     launch_s: float = 30.0
     # A warm spare (runtime already imported) taking a failed rank's seat in a restart; None

@@ -1,6 +1,6 @@
 """``restart``: Megatron-LM with the default recovery — wait, resubmit, reload, recompute.
 
-Mechanism and figures (the Unicron paper's production trace, DESIGN.md §1): a fault leaves the
+Mechanism and figures (the Unicron paper's production trace, docs/design.md §1): a fault leaves the
 healthy ranks blocked in a collective until the NCCL timeout fires (up to 30 min; we charge the
 full 30 min, as the paper's breakdown does, whatever the fault, since a process that dies does
 not release its peers either); the job is resubmitted (9 min) and set up again (14 min), then

@@ -1,6 +1,6 @@
 """``unicron``: our detector latencies, the planner itself, and its transition-cost model.
 
-Detection (measured by ``bench/detect.py``, DESIGN.md §3; we charge about each p99): a process
+Detection (measured by ``bench/detect.py``, docs/design.md §3; we charge about each p99): a process
 that dies is seen by its agent's supervision (``EXIT_S`` = 0.08 s; crash p99 0.078 s); an
 exception is reported in-band before the process exits (``EXCEPTION_S`` = 0.2 s; p99 0.162 s);
 a hang is a step slower than 3x the running mean, seen after 3 x iteration + 0.5 s; a lost node

@@ -1,4 +1,4 @@
-"""Access control (DESIGN.md §6): bearer tokens, admin-only calls, tenant scoping."""
+"""Access control (docs/design.md §6): bearer tokens, admin-only calls, tenant scoping."""
 
 from __future__ import annotations
 

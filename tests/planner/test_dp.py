@@ -46,7 +46,7 @@ def instances(
 
 
 def g(d: JobDemand, x: int, objective: Objective) -> float | None:
-    """DESIGN.md §4 written out for one job and one count, independently of the code."""
+    """docs/design.md §4 written out for one job and one count, independently of the code."""
     if x and not d.min_workers <= x <= d.max_workers:
         return None
     assert isinstance(objective.cost, ConstantDowntime)

@@ -1,4 +1,4 @@
-"""Transitions that keep healthy workers alive (DESIGN.md §5), with real worker processes and
+"""Transitions that keep healthy workers alive (docs/design.md §5), with real worker processes and
 the test as agent and executor: in-place regroups, joiners that take the state from a live
 peer, partial-step reuse, warm spares — and training exactly as if nothing had happened."""
 
