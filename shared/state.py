@@ -3,7 +3,8 @@
 Records are JSON documents of the models in :mod:`shared.models` and :mod:`shared.plans`. Any
 service may change a record, always through an optimistic transaction (WATCH/MULTI) that
 re-reads and re-applies its change on conflict, so concurrent writers never lose each other's
-updates.
+updates. A record that no longer parses (a hand edit, a half-migrated field) is skipped by
+the listings and logged once per record and process, so it never hides the others.
 """
 
 from __future__ import annotations
@@ -13,15 +14,37 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from redis.exceptions import WatchError
 from tenacity import retry, stop_after_delay, wait_exponential
 
+from unicron.shared.logging import get_logger
 from unicron.shared.models import Job, NodeRecord
 from unicron.shared.plans import Plan
 
 M = TypeVar("M", bound=BaseModel)
 Mutation = Callable[[M], bool | None]
+# Records already reported as unreadable: a listing runs every few seconds; one line is enough.
+_unreadable: set[tuple[str, str]] = set()
+
+
+def parse_each(
+    model: type[M], kind: str, ids: list[str], raws: list[str | bytes | None]
+) -> list[M]:
+    """The records that parse; each one that does not is logged once and left out."""
+    records = []
+    for record_id, raw in zip(ids, raws, strict=True):
+        if raw is None:
+            continue
+        try:
+            records.append(model.model_validate_json(raw))
+        except ValidationError as exc:
+            if (kind, record_id) not in _unreadable:
+                _unreadable.add((kind, record_id))
+                get_logger(**{f"{kind}_id": record_id}).error(
+                    "unreadable record skipped", kind=kind, errors=exc.error_count()
+                )
+    return records
 
 
 class StateStore:
@@ -115,7 +138,7 @@ class StateStore:
         if not ids:
             return []
         raws = await self.redis.mget([self._key("job", i) for i in ids])
-        return [Job.model_validate_json(r) for r in raws if r is not None]
+        return parse_each(Job, "job", ids, raws)
 
     async def update_job(self, job_id: str, mutate: Mutation[Job]) -> Job | None:
         return await self._update(self._key("job", job_id), Job, mutate)
@@ -136,7 +159,7 @@ class StateStore:
         if not ids:
             return []
         raws = await self.redis.mget([self._key("node", i) for i in ids])
-        return [NodeRecord.model_validate_json(r) for r in raws if r is not None]
+        return parse_each(NodeRecord, "node", ids, raws)
 
     async def update_node(self, node_id: str, mutate: Mutation[NodeRecord]) -> NodeRecord | None:
         return await self._update(self._key("node", node_id), NodeRecord, mutate)
@@ -156,6 +179,15 @@ class StateStore:
             pipe.expire(key, int(window_s) + 60)
             result = await pipe.execute()
         return int(result[2])
+
+    async def mark_drill(self, job_id: str, generation: int, fault_id: str, ttl_s: int) -> None:
+        """Note that a fault was injected into ``generation`` of the job on purpose."""
+        await self.redis.set(self._key("drill", job_id, str(generation)), fault_id, ex=ttl_s)
+
+    async def drill_of(self, job_id: str, generation: int) -> str | None:
+        """The injected fault of the job's ``generation``, if a drill targeted it."""
+        fault_id = await self.redis.get(self._key("drill", job_id, str(generation)))
+        return None if fault_id is None else str(fault_id)
 
     # --- plans -----------------------------------------------------------------------------
 

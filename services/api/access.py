@@ -1,4 +1,4 @@
-"""Who is calling, and what they may see and do (DESIGN.md §6, Access).
+"""Who is calling, and what they may see and do (docs/design.md §6, Access).
 
 With no tokens configured (the dev default) every caller is an admin of no tenant and every
 call is allowed; the service then binds loopback only. With tokens configured every /v1 call

@@ -38,6 +38,9 @@ class ApiSettings(CommonSettings):
     api_sse_ping_s: float = 15.0
     # How long the lifespan retries NATS and Redis before the service gives up starting.
     api_connect_timeout_s: float = 30.0
+    # The highest weight a "user" token may give a job: weight buys a share of the cluster
+    # (docs/design.md §4), so one tenant must not outbid the rest. Admins are bounded by the spec.
+    api_user_max_weight: float = Field(10.0, gt=0, le=1e6, allow_inf_nan=False)
 
     @field_validator("api_tokens")
     @classmethod

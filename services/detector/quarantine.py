@@ -1,8 +1,10 @@
 """Node health beyond heartbeats: quarantine of nodes that fail repeatedly, and its end.
 
-Failures that point at the machine (a crash, a hang, a lost node, a straggler, GPU hardware
-errors) are counted per node in Redis; ``quarantine_threshold`` of them within the window put the
-node in QUARANTINED for a cooldown, during which the planner does not use it. The periodic
+Only failures that are the node's own are counted per node in Redis: the SEV1 hardware faults
+(ECC, NVLink, invalid DMA, GPU driver, node down). A crash, a hang or a straggler may be the
+job's or the network's, and a fault a drill injected (``evidence["drill"]``) is nobody's, so
+neither counts. ``quarantine_threshold`` counted failures within the window put the node in
+QUARANTINED for a cooldown, during which the planner does not use it. The periodic
 ``review`` ends quarantines and restores LOST nodes whose heartbeats came back.
 """
 
@@ -16,29 +18,20 @@ from unicron.shared.events import FailureDetected, NodeStateChanged
 from unicron.shared.logging import get_logger
 from unicron.shared.models import NodeRecord, NodeState, now
 from unicron.shared.state import StateStore
-from unicron.shared.taxonomy import FailureCategory, FailureKind
+from unicron.shared.taxonomy import SEVERITY_TABLE, Severity
 
 _Mutation = Callable[[NodeRecord], bool]
 
-_NODE_KINDS = frozenset(
-    {FailureKind.CRASH, FailureKind.HANG, FailureKind.NODE_LOST, FailureKind.STRAGGLER}
-)
-_NODE_CATEGORIES = frozenset(
-    {
-        FailureCategory.ECC,
-        FailureCategory.NVLINK,
-        FailureCategory.INVALID_DMA,
-        FailureCategory.GPU_DRIVER,
-        FailureCategory.ILLEGAL_MEMORY,
-        FailureCategory.CUDA_ERROR,
-        FailureCategory.LINK_FLAPPING,
-    }
-)
+# By the category's own severity, not the failure's: an escalated crash is SEV1 because the
+# job's recoveries failed, which says nothing about the node.
+NODE_FAULTS = frozenset(c for c, (sev, _) in SEVERITY_TABLE.items() if sev == Severity.SEV1)
 
 
 def blames_node(failure: FailureDetected) -> bool:
-    return failure.node_id is not None and (
-        failure.kind in _NODE_KINDS or failure.category in _NODE_CATEGORIES
+    return (
+        failure.node_id is not None
+        and failure.category in NODE_FAULTS
+        and not failure.evidence.get("drill")
     )
 
 

@@ -4,8 +4,9 @@ Safe to repeat: the event id is derived from (job, generation) so NATS drops a r
 copy, and the job record is only changed while no failure is recorded for that generation.
 A failure of the generation that was started to recover from the previous one, within the
 escalation window and before that generation trained ``escalation_steps`` steps, escalates:
-reattempt → restart → reconfigure (DESIGN.md §3). Advisory
-failures (a straggler) are published and counted against the node, but leave the job running.
+reattempt → restart → reconfigure (docs/design.md §3). Advisory
+failures (a straggler) are published but leave the job running. A failure of a generation an
+admin's drill targeted carries the drill's fault id in ``evidence["drill"]``.
 A failure of the job's own code (``software_other``) fails the job once it happened more than
 ``max_restarts`` times; a worker that could not be started at all fails it at once.
 """
@@ -98,6 +99,9 @@ class FailureRecorder:
             log.info("stale failure report ignored", generation=cause.generation)
             return None
         severity, action, escalation = self._grade(job, cause)
+        drill = await self.state.drill_of(cause.job_id, cause.generation)
+        if drill is not None:
+            escalation["drill"] = drill
         advisory = action == RecoveryAction.REPORT
         if not advisory and _already_recorded(job, cause.generation):
             return None

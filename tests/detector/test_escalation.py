@@ -11,7 +11,7 @@ from tests.detector.test_correlation import reset_by_peer
 from unicron.shared.bus import Bus
 from unicron.shared.events import CloudEvent
 from unicron.shared.models import FailureRecord, NodeState, now
-from unicron.shared.reports import StepCompleted, WorkerExited
+from unicron.shared.reports import StepCompleted, WorkerException
 from unicron.shared.state import StateStore
 
 
@@ -33,6 +33,15 @@ async def reset_after_a_reattempt(
     return (await next_event(events, "failure.detected")).data
 
 
+def ecc_error(node_id: str, job_id: str) -> WorkerException:
+    """A SEV1 fault of the node's own hardware, as the worker runtime reports it."""
+    return WorkerException(
+        node_id=node_id, job_id=job_id, generation=1, rank=0, pid=1000,
+        exc_type="RuntimeError", message="CUDA error: uncorrectable ECC error encountered",
+        category="ecc",
+    )  # fmt: skip
+
+
 async def test_failure_after_a_reattempt_escalates_to_restart(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
 ) -> None:
@@ -48,10 +57,7 @@ async def test_node_failing_repeatedly_is_quarantined_then_released(
     await cluster.add_node("node-0")
     for index in range(3):
         await cluster.add_job(f"job-q{index}", ["node-0"])
-        await bus.publish_report(
-            WorkerExited(node_id="node-0", job_id=f"job-q{index}", generation=1, rank=0,
-                         pid=1000, exit_code=None, signal=9)
-        )  # fmt: skip
+        await bus.publish_report(ecc_error("node-0", f"job-q{index}"))
     change = (await next_event(events, "node.state_changed")).data
     assert (change["node_id"], change["old"], change["new"]) == ("node-0", "READY", "QUARANTINED")
     node = await state.get_node("node-0")

@@ -14,6 +14,7 @@ from contextlib import aclosing
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, status
+from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from unicron.services.api.access import Caller, Principal, may_see
@@ -66,7 +67,10 @@ def visibility(caller: Caller, state: StateStore) -> Visible:
         if job_id not in seen:
             if len(seen) >= VISIBILITY_CACHE:
                 seen.clear()
-            job = await state.get_job(job_id)
+            try:
+                job = await state.get_job(job_id)
+            except ValidationError:  # an unreadable record: its tenant is unknown, so hidden
+                job = None
             seen[job_id] = job is not None and may_see(caller, job)
         return seen[job_id]
 

@@ -3,7 +3,9 @@
 ``POST /v1/jobs/{id}/faults`` checks that the job runs and the rank is one of its current
 workers, then sends an ``InjectFault`` command to the agent of the node that runs the rank.
 The agent hands it to the worker, the worker fires it, and the detector reports the failure
-like any other: the API never changes the job itself.
+like any other: the API never changes the job itself. Before sending, the API marks the job's
+generation as drilled in Redis, so the detector never counts what the drill caused against
+the node (no quarantine from drills).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from unicron.shared.models import Job, JobState, WorkerRecord, WorkerState, new_
 router = APIRouter(prefix="/v1/jobs", tags=["faults"])
 log = get_logger(component="api.faults")
 INJECTABLE = (JobState.RUNNING, JobState.RECOVERING)
+# Long enough for an ``at_step`` fault to fire in a slow generation; the mark names one
+# generation, so a later real fault of the job is counted again.
+DRILL_MARK_TTL_S = 24 * 3600
 
 
 class FaultAccepted(BaseModel):
@@ -84,6 +89,8 @@ async def inject_fault(
         rank=fault.rank,
         fault=fault,
     )
+    # Marked first: the failure the fault causes may be detected before send returns.
+    await state.mark_drill(job.id, job.generation, command.command_id, DRILL_MARK_TTL_S)
     try:
         await bus.send_command(worker.node_id, command)
     except Exception as exc:

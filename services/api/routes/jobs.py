@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 
 from unicron.services.api.access import Caller, Principal, may_see
-from unicron.services.api.deps import BusDep, StateDep
+from unicron.services.api.deps import BusDep, SettingsDep, StateDep
 from unicron.shared.events import JobStateChanged, JobSubmitted
 from unicron.shared.logging import get_logger
 from unicron.shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
@@ -62,11 +62,13 @@ async def submit_job(
     response: Response,
     bus: BusDep,
     state: StateDep,
+    settings: SettingsDep,
     caller: Principal,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
 ) -> Job:
     """Store a new PENDING job of the caller's tenant and announce it; a repeated
     Idempotency-Key returns the first."""
+    _check_weight(caller, spec, settings.api_user_max_weight)
     await _check_package(bus, spec)
     job = Job(
         id=new_id("job"),
@@ -89,6 +91,16 @@ async def submit_job(
         await _announce(bus, JobSubmitted(job_id=job.id, name=job.name, spec=job.spec), job.id)
     log.info("job submitted", job_id=job.id, name=job.name, replayed=not created)
     return job
+
+
+def _check_weight(caller: Caller, spec: JobSpec, limit: float) -> None:
+    if caller.admin or spec.weight <= limit:
+        return
+    raise HTTPException(
+        status.HTTP_403_FORBIDDEN,
+        f"weight {spec.weight:g} is above {limit:g}, the most a user token may give a job "
+        "(UNICRON_API_USER_MAX_WEIGHT); ask an admin for more",
+    )
 
 
 async def _check_package(bus: BusDep, spec: JobSpec) -> None:

@@ -3,10 +3,13 @@
 A plan lists, per job, the old and new allocation and parallel configuration, the predicted
 throughput, WAF and downtime, and the best alternatives that lost with their expected reward
 (see ``shared.plans.JobExplanation``). Plans are kept in Redis for a week. A user token sees
-only its tenant's jobs in a plan (the cluster-wide figures stay); an admin sees every job.
+only its tenant's jobs in a plan (the cluster-wide figures stay), and the plan's trigger names
+no other tenant's job; an admin sees every job.
 """
 
 from __future__ import annotations
+
+import re
 
 from fastapi import APIRouter, HTTPException, status
 
@@ -16,14 +19,28 @@ from unicron.shared.plans import Plan
 from unicron.shared.state import StateStore
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
+OTHERS_JOB = "(another tenant's job)"
+# Job ids are ``new_id("job")``; matching the shape also catches a job no longer listed.
+_JOB_ID = re.compile(r"\bjob-[A-Za-z0-9_-]+")
+
+
+def redact(text: str, visible: set[str], others: set[str]) -> str:
+    """``text`` with every job id the caller may not see replaced: the ids of ``others``,
+    and anything shaped like a job id that is not in ``visible``."""
+    for job_id in sorted(others, key=len, reverse=True):  # longest first: no partial ids
+        text = text.replace(job_id, OTHERS_JOB)
+    return _JOB_ID.sub(lambda m: m[0] if m[0] in visible else OTHERS_JOB, text)
 
 
 async def _scoped(plan: Plan, caller: Caller, state: StateStore) -> Plan:
     if caller.admin:
         return plan
-    visible = {job.id for job in await state.list_jobs() if may_see(caller, job)}
+    jobs = await state.list_jobs()
+    visible = {job.id for job in jobs if may_see(caller, job)}
+    others = {job.id for job in jobs} - visible
     mine = [a for a in plan.allocations if a.job_id in visible]
-    return plan.model_copy(update={"allocations": mine})
+    trigger = redact(plan.trigger, visible, others)
+    return plan.model_copy(update={"allocations": mine, "trigger": trigger})
 
 
 @router.get("/latest", response_model=Plan)
