@@ -1,15 +1,21 @@
 """The whole stack on one machine: embedded NATS + Redis, the services and N node agents.
 
 ``unicron up`` runs it in the foreground; the demo and the end-to-end tests use :class:`Stack`.
-Every child dies with this process, and a service that exits unexpectedly is started again.
+Every child dies with this process, and a service, agent or embedded server that exits
+unexpectedly is started again (with back-off, see :mod:`cli.restarts`); Redis and NATS come
+back on the same port and data directory, with what they had stored.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -19,8 +25,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from unicron.shared.embedded import EmbeddedServer, start_nats, start_redis
+from unicron.cli.restarts import RestartBackoff
+from unicron.shared.embedded import EmbeddedServer, EmbeddedServerError, start_nats, start_redis
+from unicron.shared.logging import get_logger
 from unicron.shared.procs import die_with_parent
+
+log = get_logger(component="stack")
 
 SERVICE_MODULES = (
     "unicron.services.api",
@@ -57,6 +67,7 @@ class Stack:
         self.data_dir = config.data_dir.resolve()
         self.servers: list[EmbeddedServer] = []
         self.children: dict[str, Child] = {}
+        self.backoff = RestartBackoff()
         self.nats_url = config.nats_url or ""
         self.redis_url = config.redis_url or ""
 
@@ -115,13 +126,31 @@ class Stack:
             self.check_alive()
             try:
                 ready = httpx.get(f"{self.api_url}/readyz", timeout=1.0).status_code == 200
-                nodes = httpx.get(f"{self.api_url}/v1/nodes", timeout=1.0).json() if ready else []
+                nodes = self._nodes() if ready else []
                 if ready and len(nodes) >= self.config.nodes:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"stack not ready in {timeout_s}s; logs in {self.data_dir / 'logs'}")
+
+    def _nodes(self) -> list[object]:
+        """The registered nodes, asked with a configured token (an admin's if there is one)
+        when the API requires tokens."""
+        headers = {"Authorization": f"Bearer {token}"} if (token := self._token()) else {}
+        response = httpx.get(f"{self.api_url}/v1/nodes", headers=headers, timeout=1.0)
+        if response.status_code in (401, 403):
+            raise RuntimeError(f"the API refused the readiness check: {response.text}")
+        nodes: list[object] = response.json()
+        return nodes
+
+    def _token(self) -> str | None:
+        try:
+            tokens = json.loads(self.env().get("UNICRON_API_TOKENS") or "{}")
+        except ValueError:  # the API refuses them too and exits, which check_alive reports
+            return None
+        by_role = sorted(tokens, key=lambda t: str(tokens[t].get("role")) != "admin")
+        return by_role[0] if by_role else None
 
     def check_alive(self) -> None:
         for child in self.children.values():
@@ -131,14 +160,44 @@ class Stack:
                     f"see {self.data_dir / 'logs' / (child.name + '.log')}"
                 )
 
-    def restart_exited(self) -> list[str]:
-        """Start again every child that exited; returns their names."""
+    def restart_exited(self, backoff: bool = False) -> list[str]:
+        """Start again every server, then every child, that exited; returns their names.
+
+        With ``backoff`` a process in a crash loop waits its turn (``unicron up``); without,
+        all start now (a test or benchmark that killed one on purpose).
+        """
         restarted = []
+        for server in self.servers:
+            if self._restart(server.name, server.process, server.restart, backoff):
+                restarted.append(server.name)
         for child in self.children.values():
-            if child.process is not None and child.process.poll() is not None:
-                self.spawn(child)
+            if child.process is None:
+                continue
+            start = functools.partial(self.spawn, child)
+            if self._restart(child.name, child.process, start, backoff):
                 restarted.append(child.name)
         return restarted
+
+    def _restart(
+        self, name: str, proc: subprocess.Popen[bytes], start: Callable[[], None], backoff: bool
+    ) -> bool:
+        code = proc.poll()
+        if code is None or (not self.backoff.due(name) and backoff):
+            return False
+        try:
+            start()
+        except EmbeddedServerError as exc:  # e.g. its port was taken meanwhile: try later
+            log.error("restart failed", name=name, exit_code=code, error=str(exc))
+            self.backoff.started(name)
+            return False
+        count = self.backoff.started(name)
+        log.warning("restarted", name=name, exit_code=code, restarts=count)
+        return True
+
+    def supervise(self, stop: threading.Event, interval_s: float = 0.5) -> None:
+        """Restart what exits, with back-off, until ``stop`` is set (``unicron up``'s loop)."""
+        while not stop.wait(interval_s):
+            self.restart_exited(backoff=True)
 
     def stop(self) -> None:
         # Agents last among the services so they can stop their workers cleanly.
@@ -200,10 +259,7 @@ def up(
     try:
         stack.start()
         _print_endpoints(console, stack)
-        while True:
-            time.sleep(0.5)
-            for name in stack.restart_exited():
-                console.print(f"[yellow]{name} exited; started it again[/yellow]")
+        stack.supervise(threading.Event())  # until Ctrl-C; each restart logs its own line
     except KeyboardInterrupt:
         console.print("stopping…")
     except (TimeoutError, RuntimeError) as exc:

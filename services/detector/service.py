@@ -20,6 +20,7 @@ from unicron.services.detector.stragglers import StragglerWatch
 from unicron.shared.bus import Bus
 from unicron.shared.logging import get_logger
 from unicron.shared.models import JobState, WorkerState, now
+from unicron.shared.outage import Outage
 from unicron.shared.reports import (
     REPORT_SUBJECT_PREFIX,
     WORKER_REPORT,
@@ -89,6 +90,7 @@ class Detector:
     async def watch(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         next_reconcile = 0.0
+        outage = Outage("detector check", component="detector")
         while not stop.is_set():
             try:
                 await self.nodes.check()
@@ -96,8 +98,12 @@ class Detector:
                     await self.health.review()
                     await self.reconcile()
                     next_reconcile = loop.time() + self.settings.reconcile_interval_s
-            except Exception:
-                log.exception("detector check failed; retrying")
+                outage.ok()
+            except Exception as exc:
+                # Without a pause a failing check spins: the next node is already overdue.
+                outage.failed(exc)
+                await outage.pause(stop)
+                continue
             # A hair past the next node's deadline (its silence must exceed the timeout), but
             # never longer than the polling interval: a new node may have registered meanwhile.
             due_in = self.nodes.next_due - now() + 0.002

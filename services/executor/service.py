@@ -18,6 +18,7 @@ from unicron.shared.bus import Bus, parse_event
 from unicron.shared.events import CloudEvent, FailureDetected, PlanCreated
 from unicron.shared.logging import get_logger
 from unicron.shared.models import JobState, WorkerState, now
+from unicron.shared.outage import Outage
 from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from unicron.shared.state import StateStore
 
@@ -70,13 +71,16 @@ class Executor:
                 await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
 
     async def loop(self, stop: asyncio.Event) -> None:
+        outage = Outage("executor reconcile", component="executor")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.reconcile_interval_s)
+                wait = max(self.settings.reconcile_interval_s, outage.delay())
+                await asyncio.wait_for(stop.wait(), wait)
             try:
                 await self.reconcile()
-            except Exception:
-                log.exception("reconcile failed; retrying")
+                outage.ok()
+            except Exception as exc:
+                outage.failed(exc)
 
 
 async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: ExecutorSettings) -> None:

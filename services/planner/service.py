@@ -42,6 +42,7 @@ from unicron.shared.events import (
 from unicron.shared.lease import PLANNER_LEASE, Lease
 from unicron.shared.logging import get_logger
 from unicron.shared.models import now
+from unicron.shared.outage import Outage, describe, is_outage
 from unicron.shared.plans import Plan
 from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from unicron.shared.service import ServiceBody
@@ -107,9 +108,12 @@ class Planner:
             while await self.lease.acquire(stop):
                 try:
                     await self._term(stop)
-                except Exception:
+                except Exception as exc:
                     # NATS away past its retries, say: let another instance try, then retry.
-                    log.exception("planner term failed; standing by")
+                    if is_outage(exc):
+                        log.warning("planner term ended: server unavailable", error=describe(exc))
+                    else:
+                        log.exception("planner term failed; standing by")
                     await self.lease.release()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), self.lease.ttl_s)
@@ -144,13 +148,15 @@ class Planner:
             log.warning("planner standing by: lease lost", epoch=self.lease.epoch)
 
     async def _tick(self) -> None:
+        outage = Outage("calibration update", component="planner")
         while True:
-            await asyncio.sleep(self.settings.planner_reconcile_s)
+            await asyncio.sleep(max(self.settings.planner_reconcile_s, outage.delay()))
             try:
                 await self.feedback.flush()
                 await self.feedback.exposure(self._busy_gpus())
-            except Exception:
-                log.exception("calibration update failed; will retry")
+                outage.ok()
+            except Exception as exc:
+                outage.failed(exc)
             self.trigger(RECONCILE)
 
     def _busy_gpus(self) -> int:
@@ -158,17 +164,20 @@ class Planner:
         return sum(v.world_size for v in inputs.jobs if v.active) if inputs else 0
 
     async def _plan_loop(self) -> None:
+        outage = Outage("planning", component="planner")
         while True:
             await self._wake.wait()
             await asyncio.sleep(self.settings.planner_debounce_s)  # let the burst land
+            await outage.pause()
             self._wake.clear()
             triggers, self._triggers = self._triggers, []
             try:
                 await self.plan_once(summarise(triggers, RECONCILE))
-            except Exception:
+                outage.ok()
+            except Exception as exc:
                 # Keep the triggers; the next reconcile tick retries with fresh inputs.
                 self._triggers = triggers + self._triggers
-                log.exception("planning failed; will retry", triggers=len(triggers))
+                outage.failed(exc)
 
     async def inputs(self) -> ClusterInputs:
         nodes, jobs, calibration = await asyncio.gather(
