@@ -20,10 +20,12 @@ from unicron.shared.logging import get_logger
 
 # What a client raises while its server is down or unreachable; a JetStream request times out
 # or finds no responder while the server restarts.
-OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+STORE_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.BusyLoadingError,
+)
+BUS_ERRORS: tuple[type[Exception], ...] = (
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionDrainingError,
     nats.errors.ConnectionReconnectingError,
@@ -32,6 +34,10 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.OutboundBufferLimitError,
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
+)
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    *STORE_ERRORS,
+    *BUS_ERRORS,
     ConnectionError,
     TimeoutError,
 )

@@ -8,32 +8,15 @@ from __future__ import annotations
 
 import time
 
-import nats.errors
-import redis.exceptions
 from fastapi import FastAPI, Request, status
 from fastapi.responses import JSONResponse
 
 from unicron.shared.logging import get_logger
-from unicron.shared.outage import describe
+from unicron.shared.outage import BUS_ERRORS, STORE_ERRORS, describe
 
 log = get_logger(component="api")
 RETRY_AFTER_S = 2
 LOG_EVERY_S = 10.0
-
-STORE_ERRORS: tuple[type[Exception], ...] = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-)
-BUS_ERRORS: tuple[type[Exception], ...] = (
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.NoServersError,
-    nats.errors.StaleConnectionError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-)
 
 
 class _Quiet:
