@@ -41,6 +41,8 @@ MAX_DELIVER = 5
 ACK_WAIT_S = 30.0
 REPORTS_MAX_AGE_S = 24 * 3600.0
 DRAIN_TIMEOUT_S = 2.0
+# What a parser raises for a message it cannot take: that message is dead-lettered, not retried.
+PARSE_ERRORS = (ValidationError, ValueError, KeyError)
 
 
 def parse_event(raw: bytes) -> CloudEvent:
@@ -154,7 +156,7 @@ class Bus:
             deliveries = msg.metadata.num_delivered if msg.metadata else 1
             try:
                 item = parse(msg.data)
-            except (ValidationError, ValueError, KeyError) as exc:
+            except PARSE_ERRORS as exc:
                 await self.dead_letter(msg.subject, msg.data, f"invalid message: {exc}", deliveries)
                 await msg.term()
                 return
@@ -227,7 +229,7 @@ class Bus:
                 seq = msg.metadata.sequence.stream if msg.metadata else 0
                 try:
                     yield seq, parse_event(msg.data)
-                except (ValidationError, ValueError, KeyError):
+                except PARSE_ERRORS:
                     log.warning("skipping malformed event", seq=seq)
         finally:
             await sub.unsubscribe()

@@ -242,7 +242,7 @@ class AgentChannel:
             return
         try:
             directive = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
             log.warning("agent sent a line that is not JSON", line=line[:200])
             return
         if not isinstance(directive, dict):

@@ -80,7 +80,7 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
 def _launch_of(line: bytes) -> SpareLaunch | None:
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
         message = None
     if not isinstance(message, dict) or message.get("directive") != "launch":
         log.info("spare ignores a line that is not a launch", line=line[:200])

@@ -16,6 +16,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from unicron.services.api.access import Principal, may_see
 from unicron.services.api.deps import BusDep, StateDep
@@ -45,7 +46,11 @@ async def ask(bus: Bus, node_id: str, request: LogsRequest) -> LogsReply:
     except Exception as exc:  # timeout, no responders, connection closed
         why = f"the agent of node {node_id} is not answering ({type(exc).__name__})"
         raise AgentSilent(why) from exc
-    reply = LogsReply.model_validate_json(msg.data)
+    try:
+        reply = LogsReply.model_validate_json(msg.data)
+    except ValidationError as exc:  # a broken agent: refuse its reply, as for one that errs
+        detail = f"node {node_id} sent a malformed logs reply: {exc.error_count()} errors"
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY, detail) from None
     if reply.error is not None:
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"node {node_id}: {reply.error}")
     return reply
