@@ -114,7 +114,7 @@ async def bench_cluster(nodes: int = 2, slots: int = 2) -> AsyncIterator[BenchCl
         stack = Stack(config)
         await asyncio.to_thread(stack.start)
         try:
-            bus = await Bus.connect(stack.nats_url, source="unicron/bench")
+            bus = await Bus.connect(stack.nats_url, "unicron/bench", access=stack.operator_access())
             async with httpx.AsyncClient(base_url=stack.api_url, timeout=10) as api:
                 cluster = BenchCluster(stack, api, bus)
                 await bus.consume("unicron.events.>", "bench", parse_event, cluster.events.put,

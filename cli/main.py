@@ -13,7 +13,7 @@ from unicron.cli.jobs import cancel, status, submit
 from unicron.cli.logs import logs
 from unicron.cli.plan import plan
 from unicron.cli.simulate import simulate
-from unicron.cli.stack import up
+from unicron.cli.up import up
 
 app = typer.Typer(
     name="unicron",

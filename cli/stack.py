@@ -18,17 +18,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
 
 import httpx
-import typer
-from rich.console import Console
-from rich.table import Table
 
 from unicron.cli.restarts import RestartBackoff
+from unicron.shared.credentials import StackLogins, load_or_create
 from unicron.shared.embedded import EmbeddedServer, EmbeddedServerError, start_nats, start_redis
 from unicron.shared.logging import get_logger
+from unicron.shared.natsauth import ServiceRole, ServiceUser, stack_users
+from unicron.shared.natslogin import NatsAccess
 from unicron.shared.procs import die_with_parent
+from unicron.shared.settings import CommonSettings
 
 log = get_logger(component="stack")
 
@@ -70,6 +70,8 @@ class Stack:
         self.backoff = RestartBackoff()
         self.nats_url = config.nats_url or ""
         self.redis_url = config.redis_url or ""
+        self.node_ids = [f"node-{index}" for index in range(config.nodes)]
+        self.logins: StackLogins | None = None  # docs/design.md §11
 
     @property
     def api_url(self) -> str:
@@ -90,19 +92,49 @@ class Stack:
 
     def start(self, ready_timeout_s: float = 60.0) -> None:
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
-        if not self.nats_url:
-            self.servers.append(start_nats(self.data_dir / "nats"))
-            self.nats_url = self.servers[-1].url
-        if not self.redis_url:
-            self.servers.append(start_redis(self.data_dir / "redis"))
-            self.redis_url = self.servers[-1].url
+        self.start_servers()
         for module in SERVICE_MODULES:
-            self._add(module.split(".")[-1], module, self.env())
-        for index in range(self.config.nodes):
-            node_id = f"node-{index}"
-            env = self.env(UNICRON_NODE_ID=node_id, UNICRON_SLOTS=str(self.config.slots))
+            name = module.split(".")[-1]
+            user = ServiceUser(role=ServiceRole(name))
+            self._add(name, module, self.env(**self.login_env(user), **self.instance_env(name)))
+        for node_id in self.node_ids:
+            agent = ServiceUser(role=ServiceRole.AGENT, node_id=node_id)
+            slots = str(self.config.slots)
+            env = self.env(UNICRON_NODE_ID=node_id, UNICRON_SLOTS=slots, **self.login_env(agent))
             self._add(f"agent-{node_id}", AGENT_MODULE, env)
         self.wait_ready(ready_timeout_s)
+
+    def start_servers(self) -> None:
+        """Start the servers not given by URL, each admitting only the stack's users."""
+        if self.nats_url and self.redis_url:
+            return
+        users = stack_users(self.node_ids)
+        self.logins = StackLogins(load_or_create(self.data_dir / "secrets", users))
+        if not self.nats_url:
+            tls = self.logins.serve_nats(CommonSettings())
+            nats = self.logins.credentials.nats_logins(users)
+            self.servers.append(start_nats(self.data_dir / "nats", logins=nats, tls=tls))
+            self.nats_url = self.servers[-1].url
+        if not self.redis_url:
+            redis = self.logins.credentials.redis_logins(users)
+            self.servers.append(start_redis(self.data_dir / "redis", logins=redis))
+            self.redis_url = self.logins.redis_url = self.servers[-1].url
+
+    def instance_env(self, name: str) -> dict[str, str]:
+        """This stack runs one planner at a time and restarts it when it dies: a restarted one
+        may take its predecessor's lease at once (shared/lease.py)."""
+        if name != "planner":
+            return {}
+        return {"UNICRON_PLANNER_INSTANCE": f"unicron-up:{self.data_dir}"}
+
+    def login_env(self, user: ServiceUser) -> dict[str, str]:
+        return self.logins.env(user) if self.logins else {}
+
+    def operator_access(self) -> NatsAccess:
+        """How a tool (a benchmark, a test) logs in to this stack's NATS: as its operator when
+        the stack started NATS, else as the environment says."""
+        access = self.logins.operator_access() if self.logins else None
+        return access or CommonSettings().nats_access
 
     def _add(self, name: str, module: str, env: dict[str, str]) -> None:
         child = Child(name, module, env)
@@ -227,43 +259,3 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _print_endpoints(console: Console, stack: Stack) -> None:
-    table = Table(title="Unicron is up", show_header=False)
-    table.add_row("API", stack.api_url)
-    table.add_row("NATS", stack.nats_url)
-    table.add_row("Redis", stack.redis_url)
-    table.add_row("nodes", f"{stack.config.nodes} x {stack.config.slots} slots")
-    table.add_row("logs", str(stack.data_dir / "logs"))
-    console.print(table)
-    console.print("Ctrl-C stops everything.")
-
-
-def up(
-    nodes: Annotated[int, typer.Option(min=1, help="node agents to start")] = 2,
-    slots: Annotated[int, typer.Option(min=1, help="worker slots per node")] = 2,
-    nats_url: Annotated[
-        str | None, typer.Option(help="use this NATS instead of starting one")
-    ] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="use this Redis instead of starting one")
-    ] = None,
-    api_port: Annotated[int, typer.Option(envvar="UNICRON_API_PORT")] = 8080,
-    data_dir: Annotated[Path, typer.Option(envvar="UNICRON_DATA_DIR")] = Path(".unicron"),
-) -> None:
-    """Run the whole stack in the foreground."""
-    console = Console()
-    config = StackConfig(nodes, slots, nats_url, redis_url, api_port, data_dir)
-    stack = Stack(config)
-    try:
-        stack.start()
-        _print_endpoints(console, stack)
-        stack.supervise(threading.Event())  # until Ctrl-C; each restart logs its own line
-    except KeyboardInterrupt:
-        console.print("stopping…")
-    except (TimeoutError, RuntimeError) as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from exc
-    finally:
-        stack.stop()

@@ -8,7 +8,9 @@ published to ``unicron.deadletter`` and terminated — the service never crashes
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,13 +20,13 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from pydantic import ValidationError
-from tenacity import retry, stop_after_delay, wait_exponential
 
 from unicron.shared.events import CloudEvent, EventData
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
+from unicron.shared.natslogin import NatsAccess, open_client
 from unicron.shared.outage import Outage, is_outage
 from unicron.shared.reports import AnyWorkerReport, report_id, report_subject
 
@@ -40,9 +42,17 @@ STREAMS: dict[str, list[str]] = {
 MAX_DELIVER = 5
 ACK_WAIT_S = 30.0
 REPORTS_MAX_AGE_S = 24 * 3600.0
-DRAIN_TIMEOUT_S = 2.0
 # What a parser raises for a message it cannot take: that message is dead-lettered, not retried.
 PARSE_ERRORS = (ValidationError, ValueError, KeyError)
+
+
+class ClaimRefusedError(Exception):
+    """A well-formed message whose claims the state contradicts (a report about a worker its
+    node does not run, a drill the API never marked): dead-lettered at once, never retried,
+    because nothing on the bus is trusted just because it arrived (docs/design.md §6)."""
+
+
+Claim = Callable[[str, T], Awaitable[None]]
 
 
 def parse_event(raw: bytes) -> CloudEvent:
@@ -58,34 +68,35 @@ class Bus:
         self.js = js
         self.source = source
         self._subs: list[Any] = []
+        self.refused = 0  # messages a claim check refused, since start
         # One tracker for every handler: a Redis outage fails them all at once.
         self.handler_outage = Outage("bus handlers", component="bus", source=source)
         self.link_outage = Outage("nats connection", component="bus", source=source)
 
     @classmethod
-    async def connect(cls, url: str, source: str, connect_timeout_s: float = 30.0) -> Bus:
+    async def connect(
+        cls,
+        url: str,
+        source: str,
+        connect_timeout_s: float = 30.0,
+        access: NatsAccess | None = None,
+    ) -> Bus:
+        """Log in as ``access`` (anonymous without) and make sure the streams exist.
+
+        Raises :class:`CredentialsError` at once when the server refuses the login, and
+        ``TimeoutError`` when it is not reached within ``connect_timeout_s``. Only a role that
+        manages streams creates them; another waits for them (docs/design.md §11).
+        """
+        access = access or NatsAccess()
         # nats-py's default logs a traceback per reconnect attempt while the server is away.
         link = Outage("nats connection", component="bus", source=source)
-
-        async def on_error(exc: Exception) -> None:
-            link.failed(exc)
-
-        async def on_reconnected() -> None:
-            link.ok()
-
-        @retry(stop=stop_after_delay(connect_timeout_s), wait=wait_exponential(0.1, max=2.0))
-        async def _connect() -> NatsClient:
-            # A bounded drain (nats-py waits 30 s by default): a shutdown must not hang on
-            # messages nobody will handle any more.
-            return await nats.connect(
-                url, name=source, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                drain_timeout=DRAIN_TIMEOUT_S, error_cb=on_error, reconnected_cb=on_reconnected,
-            )  # fmt: skip
-
-        nc = await _connect()
+        nc = await open_client(url, source, connect_timeout_s, access, link)
         bus = cls(nc, nc.jetstream(), source)
         bus.link_outage = link
-        await bus.ensure_streams()
+        if access.manages_streams:
+            await bus.ensure_streams()
+        else:
+            await bus.await_streams(connect_timeout_s)
         return bus
 
     async def ensure_streams(self) -> None:
@@ -96,6 +107,23 @@ class Bus:
                 await self.js.add_stream(config)
             except BadRequestError:
                 await self.js.update_stream(config)
+
+    async def await_streams(self, timeout_s: float) -> None:
+        """Wait until the stream manager (the API) has created every stream."""
+        deadline = time.monotonic() + timeout_s
+        missing, told = list(STREAMS), False
+        while missing:
+            try:
+                await self.js.stream_info(missing[0])
+                missing.pop(0)
+                continue
+            except NotFoundError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"streams {missing} not created in {timeout_s:g}s") from None
+            if not told:  # once, not once per attempt
+                log.info("waiting for the api to create the streams", missing=missing)
+                told = True
+            await asyncio.sleep(0.5)
 
     async def close(self) -> None:
         for sub in self._subs:
@@ -149,8 +177,18 @@ class Bus:
         parse: Callable[[bytes], T],
         handler: Callable[[T], Awaitable[None]],
         deliver_new: bool = False,
+        claim: Claim[T] | None = None,
     ) -> None:
-        """Feed every message on ``subject`` to ``handler`` in order, acking after success."""
+        """Feed every message on ``subject`` to ``handler`` in order, acking after success.
+
+        ``claim(subject, item)`` runs first and raises ``ClaimRefusedError`` for a message the
+        state contradicts: that one is dead-lettered, counted in ``refused``, and not handled.
+        """
+
+        async def handle(item: T, subject: str) -> None:
+            if claim is not None:
+                await claim(subject, item)
+            await handler(item)
 
         async def on_message(msg: Msg) -> None:
             deliveries = msg.metadata.num_delivered if msg.metadata else 1
@@ -161,7 +199,14 @@ class Bus:
                 await msg.term()
                 return
             try:
-                await self._handle_through_outage(msg, handler, item)
+                await self._handle_through_outage(
+                    msg, functools.partial(handle, subject=msg.subject), item
+                )
+            except ClaimRefusedError as exc:
+                self.refused += 1
+                await self.dead_letter(msg.subject, msg.data, f"refused: {exc}", deliveries)
+                await msg.term()
+                return
             except Exception as exc:
                 if is_outage(exc):  # still away: hand it back for later, without a traceback
                     with contextlib.suppress(Exception):
@@ -180,8 +225,10 @@ class Bus:
             await msg.ack()
 
         policy = DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL
+        # Named: nats-py then creates it by CONSUMER.CREATE.<stream>.<name>.<filter>, whose
+        # filter the server checks against the user's grant (docs/design.md §11).
         config = ConsumerConfig(
-            ack_wait=ACK_WAIT_S, max_deliver=MAX_DELIVER + 1, deliver_policy=policy
+            name=durable, ack_wait=ACK_WAIT_S, max_deliver=MAX_DELIVER + 1, deliver_policy=policy
         )
         sub = await self.js.subscribe(
             subject, queue=durable, durable=durable, cb=on_message, manual_ack=True, config=config

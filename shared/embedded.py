@@ -12,10 +12,14 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from unicron.shared.credentials import write_private
+from unicron.shared.natsauth import NatsTls, ServiceUser, render_server_config
 from unicron.shared.procs import die_with_parent, free_port, port_open
+from unicron.shared.redisauth import read_only_keys_supported, render_acl
 
 
 class EmbeddedServerError(RuntimeError):
@@ -91,26 +95,53 @@ def _spawn(
     return _wait_listening(EmbeddedServer(name, url, port, proc, cmd, log), timeout_s)
 
 
-def start_nats(workdir: Path, port: int | None = None) -> EmbeddedServer:
+def start_nats(
+    workdir: Path,
+    port: int | None = None,
+    logins: Sequence[tuple[ServiceUser, str]] = (),
+    tls: NatsTls | None = None,
+) -> EmbeddedServer:
+    """NATS with JetStream's store in ``workdir``. With ``logins`` only those users may connect,
+    each with its permissions (shared/natsauth.py), from a configuration file written there
+    (mode 0600); without, anyone may, as the tests' private servers allow."""
     port = port or free_port()
     store = workdir / f"jetstream-{port}"
     store.mkdir(parents=True, exist_ok=True)
-    cmd = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
-    return _spawn("nats-server", cmd, port, f"nats://127.0.0.1:{port}", workdir / "nats.log")
+    scheme = "tls" if tls is not None else "nats"
+    if not logins:
+        if tls is not None:
+            raise EmbeddedServerError("TLS for the embedded NATS needs logins as well")
+        cmd = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
+    else:
+        config = workdir / f"nats-{port}.conf"
+        write_private(config, render_server_config(logins, f"127.0.0.1:{port}", store, tls))
+        cmd = [nats_server_binary(), "-c", str(config)]
+    url = f"{scheme}://127.0.0.1:{port}"
+    return _spawn("nats-server", cmd, port, url, workdir / "nats.log")
 
 
-def start_redis(workdir: Path, port: int | None = None) -> EmbeddedServer:
+def start_redis(
+    workdir: Path, port: int | None = None, logins: Sequence[tuple[ServiceUser, str]] = ()
+) -> EmbeddedServer:
     """Redis with its append-only file in ``workdir``: at most a second of writes is lost on a
-    kill -9, and a server started again on the same ``workdir`` loads the rest."""
+    kill -9, and a server started again on the same ``workdir`` loads the rest. With
+    ``logins``, an ACL file there (mode 0600) admits only those users (shared/redisauth.py)."""
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
+    binary = redis_server_binary()
+    acl: list[str] = []
+    if logins:
+        acl_file = workdir / "users.acl"
+        write_private(acl_file, render_acl(logins, read_only_keys_supported(binary)))
+        acl = ["--aclfile", str(acl_file)]
     cmd = [
-        redis_server_binary(),
+        binary,
         "--port", str(port),
         "--bind", "127.0.0.1",
         "--save", "",  # the AOF is the durable copy; RDB snapshots would only add forks
         "--appendonly", "yes",
         "--appendfsync", "everysec",
         "--dir", str(workdir),
+        *acl,
     ]  # fmt: skip
     return _spawn("redis-server", cmd, port, f"redis://127.0.0.1:{port}/0", workdir / "redis.log")

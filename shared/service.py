@@ -9,6 +9,8 @@ from typing import TypeVar
 
 from unicron.shared.bus import Bus
 from unicron.shared.logging import configure_logging, get_logger
+from unicron.shared.natsauth import CredentialsError
+from unicron.shared.redisauth import check_login, redacted
 from unicron.shared.settings import CommonSettings
 from unicron.shared.state import StateStore
 
@@ -23,9 +25,14 @@ async def serve(name: str, settings: CommonSettings, body: ServiceBody) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log = get_logger()
-    bus = await Bus.connect(settings.nats_url, source=f"unicron/{name}")
+    try:
+        bus = await Bus.connect(settings.nats_url, f"unicron/{name}", access=settings.nats_access)
+        await check_login(settings.redis_url)
+    except CredentialsError as exc:  # retrying cannot help: say what to fix, and exit
+        log.error("credentials refused", error=str(exc))
+        raise SystemExit(2) from None
     state = await StateStore.connect(settings.redis_url)
-    log.info("service started", nats=settings.nats_url, redis=settings.redis_url)
+    log.info("service started", nats=settings.nats_url, redis=redacted(settings.redis_url))
     try:
         await body(bus, state, stop)
     finally:

@@ -1,19 +1,39 @@
 """Settings common to every service; each service extends ``CommonSettings`` with its own.
 
-All settings come from ``UNICRON_*`` environment variables (or a ``.env`` file).
+All settings come from ``UNICRON_*`` environment variables, a ``.env`` file, or the
+``/run/secrets/unicron.env`` file a container gets as a secret (docs/design.md §11).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from unicron.shared.natsauth import CredentialsError, NatsTls
+from unicron.shared.natslogin import NatsAccess
+
+# Where deploy/compose.yaml mounts a service's own credentials (later files win over .env;
+# real environment variables win over both).
+SECRETS_ENV_FILE = "/run/secrets/unicron.env"
 
 
 class CommonSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="UNICRON_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="UNICRON_", env_file=(".env", SECRETS_ENV_FILE), extra="ignore"
+    )
 
     nats_url: str = "nats://127.0.0.1:4222"
+    # This process's NATS login; unset: anonymous, which only a development server accepts.
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    # The CA that signed a tls:// server's certificate, when it is not a public one.
+    nats_tls_ca: Path | None = None
+    # The certificate and key ``unicron up``'s embedded NATS serves TLS with.
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
+    # With an ACL'd Redis: redis://USER:PASSWORD@HOST:PORT/DB.
     redis_url: str = "redis://127.0.0.1:6379/0"
     data_dir: Path = Path(".unicron")
     log_level: str = "INFO"
@@ -25,3 +45,23 @@ class CommonSettings(BaseSettings):
     def node_timeout_s(self) -> float:
         """How long a node may stay silent before it counts as lost."""
         return self.heartbeat_interval_s * self.heartbeat_misses
+
+    # Pairs are checked where they are used, not by a validator: pydantic's message would
+    # repeat every input, the password included.
+    @property
+    def nats_access(self) -> NatsAccess:
+        _both("nats_user", self.nats_user, "nats_password", self.nats_password)
+        return NatsAccess(user=self.nats_user, password=self.nats_password, tls_ca=self.nats_tls_ca)
+
+    @property
+    def nats_tls(self) -> NatsTls | None:
+        _both("nats_tls_cert", self.nats_tls_cert, "nats_tls_key", self.nats_tls_key)
+        if self.nats_tls_cert is None or self.nats_tls_key is None:
+            return None
+        return NatsTls(cert=self.nats_tls_cert, key=self.nats_tls_key)
+
+
+def _both(first: str, first_value: object, second: str, second_value: object) -> None:
+    if (first_value is None) != (second_value is None):
+        names = f"UNICRON_{first.upper()} and UNICRON_{second.upper()}"
+        raise CredentialsError(f"{names} go together: set both or neither")

@@ -6,6 +6,7 @@ import importlib
 import inspect
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from unicron.cli.stack import AGENT_MODULE, SERVICE_MODULES
+from unicron.shared.settings import SECRETS_ENV_FILE
 
 COMPOSE = Path(__file__).resolve().parents[1] / "deploy" / "compose.yaml"
 
@@ -58,7 +60,6 @@ def test_compose_env_vars_are_settings_the_services_read() -> None:
             assert key.startswith("UNICRON_"), f"{name}: {key}"
             assert key.removeprefix("UNICRON_").lower() in fields, f"{name} does not read {key}"
         assert svc["environment"]["UNICRON_NATS_URL"] == "nats://nats:4222"
-        assert svc["environment"]["UNICRON_REDIS_URL"].startswith("redis://redis:6379")
 
 
 def test_compose_api_port_agrees_with_settings() -> None:
@@ -66,6 +67,49 @@ def test_compose_api_port_agrees_with_settings() -> None:
     port = api["environment"]["UNICRON_API_PORT"]
     assert api["ports"] == [f"127.0.0.1:{port}:{port}"]
     assert str(_settings_class("unicron.services.api")().api_port) == port == "8080"
+
+
+def _login_of(svc: dict[str, Any]) -> str:
+    """The user a service logs in as: the source of the secret mounted as its settings."""
+    [login] = [s for s in svc.get("secrets", []) if s["target"] == "unicron.env"]
+    source = str(login["source"])
+    assert source.endswith("-login")
+    return source.removesuffix("-login")
+
+
+def test_each_container_logs_in_as_itself_from_its_own_secret() -> None:
+    """No credential in the environment; each service's own user, from a secret file that
+    deploy/make_secrets.py writes (SECRETS_ENV_FILE is where the settings look for it)."""
+    assert SECRETS_ENV_FILE == "/run/secrets/unicron.env"
+    services = _unicron_services()
+    for name, svc in services.items():
+        secret_keys = {"UNICRON_NATS_PASSWORD", "UNICRON_NATS_USER", "UNICRON_REDIS_URL"}
+        assert not secret_keys & set(svc["environment"]), name
+        module = svc["command"][2]
+        node_id = svc["environment"].get("UNICRON_NODE_ID")
+        expected = f"agent-{node_id}" if module == AGENT_MODULE else module.split(".")[-1]
+        assert _login_of(svc) == expected, name
+    logins = [_login_of(svc) for svc in services.values()]
+    assert len(set(logins)) == len(logins)  # nobody shares a login
+
+
+def test_make_secrets_writes_every_secret_the_compose_file_mounts(tmp_path: Path) -> None:
+    compose = _compose()
+    agents = [s for s in _unicron_services().values() if s["command"][2] == AGENT_MODULE]
+    nodes = ",".join(a["environment"]["UNICRON_NODE_ID"] for a in agents)
+    script = COMPOSE.parent / "make_secrets.py"
+    run = [sys.executable, str(script), "--nodes", nodes, "--out", str(tmp_path)]
+    subprocess.run(run, check=True, capture_output=True)
+    for name, secret in compose["secrets"].items():
+        assert (tmp_path / Path(secret["file"]).name).is_file(), name
+    api_env = dict(
+        line.split("=", 1) for line in (tmp_path / "api.env").read_text().splitlines()
+    )  # fmt: skip
+    assert api_env["UNICRON_NATS_USER"] == "api"
+    assert api_env["UNICRON_REDIS_URL"].startswith("redis://api:")
+    assert api_env["UNICRON_REDIS_URL"].endswith("@redis:6379/0")
+    assert "user default off" in (tmp_path / "users.acl").read_text()
+    assert api_env["UNICRON_NATS_PASSWORD"] in (tmp_path / "nats.conf").read_text()
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from unicron.services.agent.registry import EntrypointRegistry
+from unicron.shared.credentials import without_credentials
 from unicron.shared.messages import StartWorker, WorkerLaunch
 from unicron.shared.models import JobSpec
 
@@ -30,6 +31,7 @@ class JobContext:
     """What the agent resolved for one start, from the job record and on this node."""
 
     spec: JobSpec
+    checkpoint_dir: Path  # derived by this agent under its own data dir, never from the bus
     restarts: int = 0  # restarts of the job so far (TORCHELASTIC_RESTART_COUNT)
     cwd: Path | None = None  # the working directory on this node (an unpacked package, say)
     master: tuple[str, int] | None = None  # this generation's torch store, for entrypoint jobs
@@ -41,7 +43,7 @@ class ProcessLaunch(NamedTuple):
     cwd: Path | None
 
 
-def worker_launch(cmd: StartWorker, spec: JobSpec, node_id: str, socket: Path) -> WorkerLaunch:
+def worker_launch(cmd: StartWorker, ctx: JobContext, node_id: str, socket: Path) -> WorkerLaunch:
     """The ``UNICRON_WORKER_LAUNCH`` JSON: everything the worker runtime needs."""
     return WorkerLaunch(
         node_id=node_id,
@@ -49,9 +51,9 @@ def worker_launch(cmd: StartWorker, spec: JobSpec, node_id: str, socket: Path) -
         generation=cmd.generation,
         rank=cmd.rank,
         world_size=cmd.world_size,
-        spec=spec,
+        spec=ctx.spec,
         rendezvous=cmd.rendezvous,
-        checkpoint_dir=cmd.checkpoint_dir,
+        checkpoint_dir=str(ctx.checkpoint_dir),
         agent_socket=str(socket),
         state_source_rank=cmd.state_source_rank,
     )
@@ -90,20 +92,21 @@ def process_launch(
     registry: EntrypointRegistry,
     slot_env: dict[str, str],
 ) -> ProcessLaunch:
-    """(argv, env, cwd) of the worker for ``cmd``: os.environ + the job's env + the GPU slot +
+    """(argv, env, cwd) of the worker for ``cmd``: the agent's environment without its own
+    credentials (the user's code must not log in as the agent) + the job's env + the GPU slot +
     Unicron's and (for an entrypoint job) torchrun's variables, which nothing may override.
 
     Raises ``UnknownTrainerError`` for a trainer this node has not registered."""
     spec = ctx.spec
-    launch = worker_launch(cmd, spec, node_id, socket)
+    launch = worker_launch(cmd, ctx, node_id, socket)
     env = {
-        **os.environ,
+        **without_credentials(os.environ),
         **spec.env,
         **slot_env,
         LAUNCH_ENV: launch.model_dump_json(),
         SOCKET_ENV: str(socket),
         "UNICRON_JOB_ID": cmd.job_id,
-        "UNICRON_CHECKPOINT_DIR": cmd.checkpoint_dir,
+        "UNICRON_CHECKPOINT_DIR": str(ctx.checkpoint_dir),
     }
     if spec.entrypoint is None:
         return ProcessLaunch(registry.argv(spec.trainer), env, ctx.cwd)

@@ -29,6 +29,7 @@ from pathlib import Path
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.gpus import SlotPool
 from unicron.services.agent.supervisor import WorkerKey, kill_group
+from unicron.shared.credentials import without_credentials
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import SpareLaunch
 from unicron.shared.procs import die_with_parent
@@ -207,7 +208,11 @@ class SparePool:
         key = WorkerKey(SPARE_JOB, 0, index)
         path = self.data_dir / "logs" / "spares" / f"spare-{os.getpid()}-{index}.log"
         path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **pool.env(slot), SOCKET_ENV: str(self.socket_path)}
+        env = {
+            **without_credentials(os.environ),  # a spare becomes the user's code: no logins
+            **pool.env(slot),
+            SOCKET_ENV: str(self.socket_path),
+        }
         env.pop("UNICRON_WORKER_LAUNCH", None)
         try:
             with path.open("ab") as out:

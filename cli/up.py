@@ -1,0 +1,56 @@
+"""``unicron up``: the whole stack (:class:`cli.stack.Stack`) in the foreground until Ctrl-C."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from unicron.cli.stack import Stack, StackConfig
+from unicron.shared.credentials import CREDENTIALS_FILE
+
+
+def _print_endpoints(console: Console, stack: Stack) -> None:
+    table = Table(title="Unicron is up", show_header=False)
+    table.add_row("API", stack.api_url)
+    table.add_row("NATS", stack.nats_url)
+    table.add_row("Redis", stack.redis_url)
+    table.add_row("nodes", f"{stack.config.nodes} x {stack.config.slots} slots")
+    table.add_row("logs", str(stack.data_dir / "logs"))
+    if stack.logins is not None:
+        table.add_row("credentials", str(stack.data_dir / "secrets" / CREDENTIALS_FILE))
+    console.print(table)
+    console.print("Ctrl-C stops everything.")
+
+
+def up(
+    nodes: Annotated[int, typer.Option(min=1, help="node agents to start")] = 2,
+    slots: Annotated[int, typer.Option(min=1, help="worker slots per node")] = 2,
+    nats_url: Annotated[
+        str | None, typer.Option(help="use this NATS instead of starting one")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="use this Redis instead of starting one")
+    ] = None,
+    api_port: Annotated[int, typer.Option(envvar="UNICRON_API_PORT")] = 8080,
+    data_dir: Annotated[Path, typer.Option(envvar="UNICRON_DATA_DIR")] = Path(".unicron"),
+) -> None:
+    """Run the whole stack in the foreground."""
+    console = Console()
+    config = StackConfig(nodes, slots, nats_url, redis_url, api_port, data_dir)
+    stack = Stack(config)
+    try:
+        stack.start()
+        _print_endpoints(console, stack)
+        stack.supervise(threading.Event())  # until Ctrl-C; each restart logs its own line
+    except KeyboardInterrupt:
+        console.print("stopping…")
+    except (TimeoutError, RuntimeError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    finally:
+        stack.stop()
