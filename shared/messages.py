@@ -61,14 +61,14 @@ class GroupSeat(Message):
 class StartWorker(GroupSeat):
     """Launch one rank of one generation; idempotent on (job_id, generation, rank).
 
-    It names the job, never what to run: the agent reads the spec from the job record the API
-    accepted, so nothing on the bus becomes a command line. The placement fields are what
-    torchrun calls LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK.
+    It names the job, never what to run or where: the agent reads the spec from the job record
+    the API accepted and derives every path under its own data directory, so nothing on the bus
+    becomes a command line or a place to write. The placement fields are what torchrun calls
+    LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK.
     """
 
     kind: Literal["start_worker"] = "start_worker"
     command_id: str = Field(default_factory=lambda: new_id("cmd"))
-    checkpoint_dir: str
     local_rank: int = Field(0, ge=0, description="its index among the job's ranks on the node")
     local_world_size: int = Field(1, ge=1, description="the job's ranks on the node")
     group_rank: int = Field(0, ge=0, description="the node's index among the job's nodes")

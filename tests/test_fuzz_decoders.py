@@ -159,7 +159,7 @@ EVENTS = [
     ),
 ]
 COMMANDS: list[BaseModel] = [
-    StartWorker(**SEAT, checkpoint_dir="/ckpt", local_rank=1, local_world_size=2),
+    StartWorker(**SEAT, local_rank=1, local_world_size=2),
     StopWorkers(job_id="job-a", below_generation=3, reason="regroup"),
     InjectFault(job_id="job-a", generation=2, rank=0, fault=FAULT.fault),
     RegroupWorker(job_id="job-a", from_generation=1, from_rank=0, directive=REGROUP),

@@ -1,11 +1,10 @@
 """The agent's service body: registers the node, heartbeats, and serves commands.
 
 On start it hosts the node's rendezvous store and the workers' local channel, finds the node's
-GPUs, registers a fresh ``NodeRecord`` and announces ``node.joined``. A new boot keeps nothing
-of an old record but the id and an operator's decision: a drain, or a quarantine that has not
-run out (a restart must not lift it). The heartbeat only needs Redis and the outbox only needs
-NATS, so either going away stops neither; commands arrive on the node's durable consumer, one
-at a time. Hang detection watches the workers' steps for as long as the agent runs.
+GPUs, registers the node (``services.agent.heartbeat``) and announces ``node.joined``. The
+heartbeat only needs Redis and the outbox only needs NATS, so either going away stops neither;
+commands arrive on the node's durable consumer, one at a time. Hang detection watches the
+workers' steps for as long as the agent runs.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from unicron.services.agent.failures import launch_failure_reports
 from unicron.services.agent.faults import FaultInjector
 from unicron.services.agent.gpus import SlotPool, visible_devices
 from unicron.services.agent.hang import HangWatch
+from unicron.services.agent.heartbeat import NodeRegistration
 from unicron.services.agent.logs import LogServer
 from unicron.services.agent.master import MasterStores
 from unicron.services.agent.outbox import Outbox, Report
@@ -38,9 +38,7 @@ from unicron.services.agent.supervisor import (
     Worker,
     WorkerKey,
 )
-from unicron.services.agent.workers import Generation
 from unicron.shared.bus import Bus
-from unicron.shared.events import NodeJoined
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import (
     AGENT_COMMAND,
@@ -52,7 +50,7 @@ from unicron.shared.messages import (
     command_subject,
     ping_subject,
 )
-from unicron.shared.models import NodeRecord, NodeState, now
+from unicron.shared.natsauth import agent_user
 from unicron.shared.outage import Outage
 from unicron.shared.state import StateStore
 
@@ -67,7 +65,6 @@ class Agent:
         self.bus = bus
         self.state = state
         self.boot_id = uuid.uuid4().hex
-        self.registered = False
         self.outbox = Outbox(bus)
         self.store = RendezvousStore(settings.host, settings.store_port, settings.store_bind_host)
         # absolute: workers get this path in their launch JSON and may change directory
@@ -82,7 +79,9 @@ class Agent:
         self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
         self.masters = MasterStores(settings.host, self.store.bind_host)
         packages = PackageDirs(bus.js, settings.data_dir)
-        self.preparer = StartPreparer(state, packages, self.masters)
+        self.preparer = StartPreparer(
+            state, packages, self.masters, settings.data_dir / "checkpoints"
+        )
         registry = self.supervisor.registry
         spare_argv = registry.argv(SPARE_TRAINER) if SPARE_TRAINER in registry.names() else []
         self.spares = SparePool(
@@ -106,6 +105,11 @@ class Agent:
         self.faults = FaultInjector(self.channel, self.supervisor)
         self.logs = LogServer.of(self.supervisor)
         self.regroups = Regrouper(self.channel, self.supervisor, on_regroup=self._regrouped)
+        # a getter: the tests host one store for several agents and swap it in after this
+        self.registration = NodeRegistration(
+            settings, state, self.outbox, self.boot_id, self.supervisor, self.spares,
+            self.masters, store_port=lambda: self.store.port,
+        )  # fmt: skip
         self._hang_task: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -124,7 +128,7 @@ class Agent:
             await self.logs.serve(self.bus.nc)
             await self.bus.consume(
                 command_subject(self.node_id),
-                durable=f"agent-{self.node_id}",
+                durable=agent_user(self.node_id),  # the one consumer its NATS user may make
                 parse=AGENT_COMMAND.validate_json,
                 handler=self.handle,
             )
@@ -176,10 +180,20 @@ class Agent:
             elif isinstance(cmd, RegroupWorker):
                 await self.regroups.regroup(cmd)
             elif isinstance(cmd, InjectFault):
-                await self.faults.inject(cmd)
+                await self._inject(cmd)
         except CommandRejectedError as exc:
             payload = cmd.model_dump_json().encode()
             self.outbox.dead_letter(command_subject(self.node_id), payload, str(exc))
+
+    async def _inject(self, cmd: InjectFault) -> None:
+        """Only a drill the API marked: it marks the job's generation before it sends the
+        command, and only an admin may ask it to (docs/design.md §6)."""
+        if await self.state.drill_of(cmd.job_id, cmd.generation) != cmd.command_id:
+            raise CommandRejectedError(
+                f"fault {cmd.command_id} for {cmd.job_id} generation {cmd.generation} is not a "
+                "drill the API marked; refused"
+            )
+        await self.faults.inject(cmd)
 
     async def _start(self, cmd: StartWorker) -> None:
         """Start what the job record says, never what a message says (see ``prepare``)."""
@@ -195,69 +209,10 @@ class Agent:
         if ctx is not None:
             await self.supervisor.start_worker(cmd, ctx)
 
-    # --- registration and heartbeat ----------------------------------------------------
-
-    def _fresh_record(self) -> NodeRecord:
-        return NodeRecord(
-            id=self.node_id,
-            state=NodeState.READY,
-            slots=self.settings.slots,
-            used=len(self.supervisor.live()),
-            last_heartbeat=now(),
-            host=self.settings.host,
-            store_port=self.store.port,
-            boot_id=self.boot_id,
-        )
-
-    def _take_over(self, node: NodeRecord) -> bool:
-        """Make an earlier boot's record this boot's, keeping an operator's decision."""
-        fresh = self._fresh_record()
-        keep = node.state == NodeState.DRAINED or (
-            node.state == NodeState.QUARANTINED and (node.quarantined_until or 0.0) > now()
-        )
-        if keep:
-            fresh.state, fresh.quarantined_until = node.state, node.quarantined_until
-            log.warning("node stays out of service", state=node.state.value)
-        for name in NodeRecord.model_fields:
-            setattr(node, name, getattr(fresh, name))
-        return True
-
-    def _beat(self, node: NodeRecord) -> bool:
-        if node.boot_id != self.boot_id:
-            return False  # another boot of this node took the record over; leave it be
-        node.last_heartbeat = now()
-        node.used = len(self.supervisor.live())
-        node.spares_ready = len(self.spares.ready())
-        return True
-
-    def _running(self) -> set[Generation]:
-        return {(w.current.job_id, w.current.generation) for w in self.supervisor.live()}
+    # --- registration and heartbeat (services/agent/heartbeat.py) -----------------------
 
     async def heartbeat_once(self) -> None:
-        """Register (again, if the record vanished) or refresh last_heartbeat and used."""
-        self.masters.sweep(self._running())
-        if self.registered:
-            node = await self.state.update_node(self.node_id, self._beat)
-            if node is not None:
-                if node.boot_id != self.boot_id:
-                    log.error("node record taken over by another boot", other=node.boot_id)
-                return
-            log.warning("node record missing; registering again")
-            await self.state.put_node(self._fresh_record())
-            return
-        # this boot's first registration: an earlier boot's record is taken over atomically
-        if await self.state.update_node(self.node_id, self._take_over) is None:
-            await self.state.put_node(self._fresh_record())
-        self.registered = True
-        self.outbox.event(
-            NodeJoined(
-                node_id=self.node_id,
-                slots=self.settings.slots,
-                host=self.settings.host,
-                boot_id=self.boot_id,
-            )
-        )
-        log.info("node registered", boot_id=self.boot_id, store_port=self.store.port)
+        await self.registration.beat()
 
     async def _register_first(self) -> None:
         """Register before taking commands; if Redis is away, the heartbeat retries it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from pathlib import Path
 
 from unicron.services.agent.launch import JobContext
@@ -23,6 +24,7 @@ from unicron.shared.packages import PackageError
 from unicron.shared.state import StateStore
 
 log = get_logger(component="prepare")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
 class LaunchRefusedError(RuntimeError):
@@ -34,11 +36,22 @@ class LaunchRefusedError(RuntimeError):
         self.message = message
 
 
+def checkpoint_dir(root: Path, job_id: str) -> Path:
+    """Where this node keeps the job's checkpoints: under the agent's own data directory. The
+    id names a record the API created; the check keeps a forged one from naming a path."""
+    if not _JOB_ID.fullmatch(job_id):
+        raise CommandRejectedError(f"job id {job_id!r} is not one the API issues")
+    return root / job_id
+
+
 class StartPreparer:
-    def __init__(self, state: StateStore, packages: PackageDirs, masters: MasterStores) -> None:
+    def __init__(
+        self, state: StateStore, packages: PackageDirs, masters: MasterStores, checkpoints: Path
+    ) -> None:
         self.state = state
         self.packages = packages
         self.masters = masters
+        self.checkpoints = checkpoints.absolute()  # workers may change directory
 
     async def prepare(self, cmd: StartWorker) -> JobContext | None:
         """The context of the start, or None when the start is stale. Raises
@@ -52,10 +65,11 @@ class StartPreparer:
             wlog.info("stale start ignored", state=job.state.value, current=job.generation)
             return None
         spec = job.spec
+        checkpoints = checkpoint_dir(self.checkpoints, job.id)
         if spec.entrypoint is None:
-            return JobContext(spec, job.recoveries)
+            return JobContext(spec, checkpoints, job.recoveries)
         with contextlib.suppress(OSError):  # the script's to make, where it may not be ours
-            await asyncio.to_thread(Path(cmd.checkpoint_dir).mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(checkpoints.mkdir, parents=True, exist_ok=True)
         cwd = Path(spec.working_dir) if spec.working_dir else None
         if spec.package is not None:
             try:
@@ -63,4 +77,4 @@ class StartPreparer:
             except PackageError as exc:
                 raise LaunchRefusedError("PackageError", str(exc)) from exc
         master = await self.masters.address(cmd.job_id, cmd.generation, cmd.rendezvous)
-        return JobContext(spec, job.recoveries, cwd, master)
+        return JobContext(spec, checkpoints, job.recoveries, cwd, master)

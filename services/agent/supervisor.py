@@ -180,7 +180,7 @@ class Supervisor:
             )  # fmt: skip
             if not spare_can_run(argv, spares.argv):
                 return None
-            launch = worker_launch(cmd, ctx.spec, self.node_id, self.socket_path)
+            launch = worker_launch(cmd, ctx, self.node_id, self.socket_path)
             if ctx.spec.entrypoint is None:
                 return SpareLaunch(launch=launch)
             cwd_text = None if cwd is None else str(cwd)

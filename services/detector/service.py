@@ -18,6 +18,7 @@ from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate, from_exception, from_exit, from_hang
 from unicron.services.detector.stragglers import StragglerWatch
 from unicron.shared.bus import Bus
+from unicron.shared.claims import ReportClaims
 from unicron.shared.logging import get_logger
 from unicron.shared.models import JobState, WorkerState, now
 from unicron.shared.outage import Outage
@@ -114,6 +115,7 @@ class Detector:
 
 async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: DetectorSettings) -> None:
     detector = Detector(bus, state, settings)
+    claims = ReportClaims(state)
     for kind in CONSUMED_REPORTS:
         await bus.consume(
             f"{REPORT_SUBJECT_PREFIX}*.{kind}",
@@ -121,6 +123,7 @@ async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: Detect
             parse=WORKER_REPORT.validate_json,
             handler=detector.on_report,
             deliver_new=kind == "step_completed",  # telemetry is only useful live
+            claim=claims.check,
         )
     try:
         await detector.watch(stop)

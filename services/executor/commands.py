@@ -6,8 +6,6 @@ crash or a redelivered plan is dropped by NATS, and agents treat it as a no-op a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from unicron.shared.bus import Bus
 from unicron.shared.messages import (
     RegroupDirective,
@@ -47,9 +45,7 @@ def placement(job: Job) -> dict[int, tuple[int, int, int]]:
     }
 
 
-def start_commands(
-    job: Job, nodes: dict[str, NodeRecord], checkpoint_root: Path
-) -> list[tuple[str, StartWorker]]:
+def start_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, StartWorker]]:
     """A start for every rank that needs a new process (survivors re-form in place). It names
     the job and the seat only: the agent reads what to run from the job record."""
     rendezvous = rendezvous_for(job, nodes)
@@ -64,7 +60,6 @@ def start_commands(
                 rank=worker.rank,
                 world_size=job.world_size,
                 rendezvous=rendezvous,
-                checkpoint_dir=str(checkpoint_root / job.id),
                 state_source_rank=worker.state_source_rank,
                 local_rank=seats[worker.rank][0],
                 local_world_size=seats[worker.rank][1],
@@ -107,10 +102,8 @@ async def send_regroups(bus: Bus, job: Job, nodes: dict[str, NodeRecord]) -> Non
         await bus.send_command(node_id, command)
 
 
-async def send_starts(
-    bus: Bus, job: Job, nodes: dict[str, NodeRecord], checkpoint_root: Path
-) -> None:
-    for node_id, command in start_commands(job, nodes, checkpoint_root):
+async def send_starts(bus: Bus, job: Job, nodes: dict[str, NodeRecord]) -> None:
+    for node_id, command in start_commands(job, nodes):
         await bus.send_command(node_id, command)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from unicron.shared.settings import CommonSettings
 
 
@@ -13,7 +11,3 @@ class ExecutorSettings(CommonSettings):
     max_recoveries: int = 20
     # an in-place transition that has not stepped by then falls back to the checkpoint
     regroup_timeout_s: float = 30.0
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return (self.data_dir / "checkpoints").resolve()

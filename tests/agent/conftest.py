@@ -91,9 +91,9 @@ def start_cmd(
         rank=rank,
         world_size=rank + 1,
         rendezvous=Rendezvous(host="127.0.0.1", port=29500, prefix=f"{job_id}/g{generation}"),
-        checkpoint_dir=f"/tmp/ckpt/{job_id}",
     )
-    return Start(cmd, JobContext(JobSpec(name=behaviour, steps=steps, **spec)))
+    spec_ = JobSpec(name=behaviour, steps=steps, **spec)
+    return Start(cmd, JobContext(spec_, Path(f"/tmp/ckpt/{job_id}")))
 
 
 async def record_job(state: StateStore, start: Start) -> None:

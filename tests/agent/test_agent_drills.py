@@ -87,9 +87,16 @@ async def test_agent_reports_hangs_and_runs_drills(
     assert hung.last_step is not None and hung.last_step >= 9
     assert not [r for r in reports.seen if isinstance(r, WorkerExited)]
 
-    # a hang drill reaches job-f's worker as a FaultDirective line; it stops inside compute
+    # a fault the API did not mark as a drill (a forged command) is refused, and the worker
+    # is undisturbed; the marked drill that follows is the only one it sees
     drill = FaultSpec(rank=0, kind=FaultKind.HANG)
-    await bus.send_command(NODE, InjectFault(job_id="job-f", generation=1, rank=0, fault=drill))
+    forged = InjectFault(job_id="job-f", generation=1, rank=0, fault=drill)
+    await bus.send_command(NODE, forged)
+    refused = await letters.report(DeadLetter, subject=command_subject(NODE))
+    assert "not a drill the API marked" in refused.reason
+    marked = InjectFault(job_id="job-f", generation=1, rank=0, fault=drill)
+    await state.mark_drill("job-f", 1, marked.command_id, ttl_s=60)
+    await bus.send_command(NODE, marked)
     hung_f = await reports.report(WorkerHung, job_id="job-f", within=5)
     assert (hung_f.phase, hung_f.process_state) == ("compute", "S")
     log = tmp_path / "data" / "logs" / "job-f" / "g1-r0.log"
@@ -99,7 +106,9 @@ async def test_agent_reports_hangs_and_runs_drills(
     ]
 
     # a drill for a worker this node does not run is dead-lettered, with the reason
-    await bus.send_command(NODE, InjectFault(job_id="job-x", generation=1, rank=0, fault=drill))
+    elsewhere = InjectFault(job_id="job-x", generation=1, rank=0, fault=drill)
+    await state.mark_drill("job-x", 1, elsewhere.command_id, ttl_s=60)
+    await bus.send_command(NODE, elsewhere)
     letter = await letters.report(DeadLetter, subject=command_subject(NODE))
     assert "no live worker job-x g1 r0" in letter.reason
 

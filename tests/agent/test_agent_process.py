@@ -82,7 +82,9 @@ async def test_agent_serves_its_node(
     log_file = tmp_path / "data" / "logs" / "job-a" / "g1-r0.log"
     launch = WorkerLaunch.model_validate_json(log_file.read_text().splitlines()[0])
     assert launch.agent_socket == str(tmp_path / "data" / "agents" / f"{NODE}.sock")
-    assert (launch.checkpoint_dir, launch.rendezvous) == (hang.checkpoint_dir, hang.rendezvous)
+    # the agent derives the checkpoint path under its own data dir: the bus names none
+    checkpoints = str((tmp_path / "data" / "checkpoints" / "job-a").absolute())
+    assert (launch.checkpoint_dir, launch.rendezvous) == (checkpoints, hang.rendezvous)
 
     # a duplicate start does nothing; commands run in order, so job-b's exit proves it was seen
     await bus.send_command(NODE, hang.model_copy(update={"command_id": "cmd-duplicate"}))

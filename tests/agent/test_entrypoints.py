@@ -39,13 +39,13 @@ def plain_start(
         rank=rank,
         world_size=4,
         rendezvous=Rendezvous(host="127.0.0.1", port=29500, prefix=f"{job_id}/g2/"),
-        checkpoint_dir=f"/tmp/ckpt/{job_id}",
         local_rank=1,
         local_world_size=2,
         group_rank=1,
     )
     spec = JobSpec(name=job_id, entrypoint=argv, env=env)
-    return cmd, JobContext(spec, restarts=3, cwd=cwd, master=("10.0.0.7", 4242))
+    checkpoints = Path(f"/tmp/ckpt/{job_id}")
+    return cmd, JobContext(spec, checkpoints, restarts=3, cwd=cwd, master=("10.0.0.7", 4242))
 
 
 def python(code: str) -> list[str]:

@@ -163,5 +163,5 @@ def _launch() -> WorkerLaunch:
     cmd, ctx = start_cmd("job-x", "hang")
     return WorkerLaunch(
         node_id="n1", job_id=cmd.job_id, generation=1, rank=0, world_size=1, spec=ctx.spec,
-        rendezvous=cmd.rendezvous, checkpoint_dir=cmd.checkpoint_dir, agent_socket="/tmp/x",
+        rendezvous=cmd.rendezvous, checkpoint_dir=str(ctx.checkpoint_dir), agent_socket="/tmp/x",
     )  # fmt: skip

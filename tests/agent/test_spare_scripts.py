@@ -51,7 +51,7 @@ def script_start(workdir: Path, *args: str) -> tuple[StartWorker, JobContext]:
     cmd, ctx = start_cmd(
         "job-u", "user", entrypoint=["python", "train.py", *args], env={"MINE": "1"}
     )
-    return cmd, JobContext(ctx.spec, 0, workdir, ("127.0.0.1", 29511))
+    return cmd, JobContext(ctx.spec, ctx.checkpoint_dir, 0, workdir, ("127.0.0.1", 29511))
 
 
 async def test_a_spare_runs_the_job_s_own_script_as_a_fresh_process_would(

@@ -43,7 +43,7 @@ async def test_launch_passes_the_launch_json_and_logs_to_a_file(
     log_file = tmp_path / "logs" / "job-a" / "g2-r1.log"
     launch = WorkerLaunch.model_validate_json(log_file.read_text().splitlines()[0])
     assert launch.agent_socket == str(supervisor.socket_path)
-    assert launch.checkpoint_dir == cmd.checkpoint_dir
+    assert launch.checkpoint_dir == str(ctx.checkpoint_dir)
     assert (launch.node_id, launch.world_size, launch.spec) == ("n1", 2, ctx.spec)
     assert launch.rendezvous == cmd.rendezvous
 

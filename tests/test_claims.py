@@ -1,0 +1,105 @@
+"""Forged reports are refused by the consumers' claim check, and the job is undisturbed.
+
+NATS permissions keep an agent to its own report subject (tests/test_bus_auth.py); these tests
+take the next step, a well-formed report whose claims the job record contradicts, as one that
+got past the server would be (a compromised agent lying about another node's worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.api.live import eventually
+from unicron.services.executor.progress import ProgressTracker
+from unicron.shared.bus import Bus
+from unicron.shared.claims import ReportClaims, refusal, subject_node
+from unicron.shared.messages import DEADLETTER_SUBJECT, DeadLetter
+from unicron.shared.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
+from unicron.shared.reports import (
+    WORKER_REPORT,
+    AnyWorkerReport,
+    WorkerExited,
+    WorkerStarted,
+    report_subject,
+)
+from unicron.shared.state import StateStore
+
+
+def running_job() -> Job:
+    """job-c at generation 2: rank 0 on node-a, rank 1 on node-b, both running."""
+    workers = [
+        WorkerRecord(rank=0, node_id="node-a", state=WorkerState.RUNNING),
+        WorkerRecord(rank=1, node_id="node-b", state=WorkerState.LAUNCHING),
+    ]
+    job = Job(id="job-c", name="c", spec=JobSpec(name="c", steps=3000), generation=2)
+    job.workers = workers
+    job.state = JobState.RUNNING
+    return job
+
+
+def exited(node: str, rank: int, generation: int = 2, code: int = 0) -> WorkerExited:
+    return WorkerExited(
+        node_id=node, job_id="job-c", generation=generation, rank=rank, pid=7, exit_code=code
+    )
+
+
+def test_a_report_must_name_the_node_it_came_from_and_a_seat_of_that_node() -> None:
+    job = running_job()
+    assert subject_node("unicron.reports.node-a.worker_exited") == "node-a"
+    assert refusal(job, exited("node-a", 0), "node-a") is None
+    assert refusal(job, exited("node-a", 0, generation=1), "node-a") is None  # history
+    refused = {
+        "sent as node 'node-b'": (job, exited("node-a", 0), "node-b"),
+        "runs on 'node-b', not on 'node-a'": (job, exited("node-a", 1), "node-a"),
+        "runs on None": (job, exited("node-a", 5), "node-a"),
+        "at generation 2": (job, exited("node-a", 0, generation=3), "node-a"),
+        "has no record": (None, exited("node-a", 0), "node-a"),
+    }
+    for why, args in refused.items():
+        assert why in (refusal(*args) or ""), why
+
+
+async def test_forged_reports_are_dead_lettered_and_the_job_runs_on(
+    bus: Bus, state: StateStore
+) -> None:
+    await state.create_job(running_job())
+    letters: asyncio.Queue[DeadLetter] = asyncio.Queue()
+
+    async def letter(item: DeadLetter) -> None:
+        await letters.put(item)
+
+    await bus.consume(DEADLETTER_SUBJECT, "test-letters", DeadLetter.model_validate_json, letter)
+    progress = ProgressTracker(bus, state)
+    claims = ReportClaims(state)
+    await bus.consume(
+        "unicron.reports.>", "test-executor", WORKER_REPORT.validate_json,
+        progress.on_report, claim=claims.check,
+    )  # fmt: skip
+
+    async def send(report: AnyWorkerReport, as_node: str | None = None) -> None:
+        subject = report_subject(report)
+        if as_node is not None:  # published under another node's subject
+            subject = subject.replace(f".{report.node_id}.", f".{as_node}.")
+        await bus.js.publish(subject, report.model_dump_json().encode())
+
+    # node-a says rank 1 (node-b's) finished, then both ranks: the job must not succeed
+    await send(exited("node-a", 1))
+    await send(exited("node-b", 1), as_node="node-a")
+    await send(exited("node-a", 0).model_copy(update={"job_id": "job-nobody-submitted"}))
+    reasons = [(await asyncio.wait_for(letters.get(), 10)).reason for _ in range(3)]
+    assert all(reason.startswith("refused: ") for reason in reasons), reasons
+    assert bus.refused == 3
+
+    # an honest report of node-b's own worker is taken
+    started = WorkerStarted(node_id="node-b", job_id="job-c", generation=2, rank=1, pid=9)
+    await send(started)
+
+    async def rank_1_running() -> bool:
+        job = await state.get_job("job-c")
+        return job is not None and job.workers[1].state == WorkerState.RUNNING
+
+    await eventually(rank_1_running)
+    job = await state.get_job("job-c")
+    assert job is not None and job.state == JobState.RUNNING
+    assert [w.exit_code for w in job.workers] == [None, None]
+    assert letters.empty()
