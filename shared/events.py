@@ -8,7 +8,7 @@ event is dropped by the server.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,7 @@ class JobSubmitted(EventData):
     job_id: str
     name: str
     spec: JobSpec
+    tenant: str | None = Field(None, description="who submitted it, when API tokens are in use")
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.job_id}"
@@ -115,6 +116,9 @@ class TransitionStarted(EventData):
     generation: int
     from_workers: int
     to_workers: int
+    kind: Literal["in_place", "checkpoint"] | None = Field(
+        None, description="in_place: survivors re-form; checkpoint: every rank restarts"
+    )
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.job_id}:{self.generation}"
@@ -175,6 +179,7 @@ class NodeStateChanged(EventData):
     new: NodeState
     reason: str = ""
     at: float = Field(default_factory=now)
+    until: float | None = Field(None, description="when a quarantine ends (new: QUARANTINED)")
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.node_id}:{self.old.value}:{self.new.value}:{self.at:.3f}"

@@ -10,6 +10,12 @@ renew are atomic with respect to each other and to expiry.
 States (``LeaseState``): STANDBY → ACTIVE (acquired) → STANDBY (renew failed: expired or taken
 over) | RELEASED (released on shutdown). A standby polls every ``ttl/10``, so after the holder
 dies its successor is active within ``1.1 ttl``.
+
+A process that a supervisor restarts (``unicron up``, a Kubernetes pod restarted in place) can
+name its ``instance``: the supervisor never runs two processes of one instance at once, so a
+holder of the same instance is a dead predecessor, and the successor takes the lease over at
+once, with a new epoch that fences anything the predecessor left in flight, instead of waiting
+out the TTL in the middle of a recovery.
 """
 
 from __future__ import annotations
@@ -27,14 +33,16 @@ import redis.asyncio as aioredis
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
 
-# KEYS[1] lease, KEYS[2] epoch; ARGV[1] holder, ARGV[2] ttl ms. Returns the epoch, or 0.
+# KEYS[1] lease, KEYS[2] epoch; ARGV[1] holder, ARGV[2] ttl ms, ARGV[3] the holder's instance
+# prefix ("" for none). Returns the epoch, or 0.
 _ACQUIRE = """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return tonumber(redis.call('GET', KEYS[2]) or '0')
 end
-if holder then return 0 end
+local predecessor = ARGV[3] ~= '' and holder and string.sub(holder, 1, #ARGV[3]) == ARGV[3]
+if holder and not predecessor then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return redis.call('INCR', KEYS[2])
 """
@@ -68,14 +76,14 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def _keys(name: str, prefix: str) -> list[str]:
+def lease_keys(name: str, prefix: str) -> list[str]:
     lease = f"{prefix}lease:{name}"
     return [lease, f"{lease}:epoch"]
 
 
 async def current_epoch(client: aioredis.Redis, name: str, prefix: str = "unicron:") -> int:
     """The epoch of the latest holder of ``name``; 0 when nobody ever held it."""
-    return int(await client.get(_keys(name, prefix)[1]) or 0)
+    return int(await client.get(lease_keys(name, prefix)[1]) or 0)
 
 
 class Lease:
@@ -86,12 +94,15 @@ class Lease:
         ttl_s: float,
         holder: str | None = None,
         prefix: str = "unicron:",
+        instance: str | None = None,
     ) -> None:
         self.redis = client
         self.name = name
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self.holder = holder or holder_id()
-        self.keys = _keys(name, prefix)
+        # "<instance>/" starts the holder id, so a successor of the same instance knows it
+        self.instance_prefix = f"{instance}/" if instance else ""
+        self.holder = self.instance_prefix + (holder or holder_id())
+        self.keys = lease_keys(name, prefix)
         self.epoch = 0
         self.state = LeaseState.STANDBY
         # Until this monotonic instant the lease is surely ours (renewed before it, minus
@@ -111,7 +122,8 @@ class Lease:
 
     async def try_acquire(self) -> bool:
         started = time.monotonic()
-        epoch = int(await self.redis.eval(_ACQUIRE, 2, *self.keys, self.holder, self.ttl_ms))
+        args = (self.holder, self.ttl_ms, self.instance_prefix)
+        epoch = int(await self.redis.eval(_ACQUIRE, 2, *self.keys, *args))
         if not epoch:
             return False
         self.epoch, self.state = epoch, LeaseState.ACTIVE

@@ -188,6 +188,16 @@ class Job(BaseModel):
         return True
 
 
+class NodeWorker(BaseModel):
+    """One worker process a node's agent runs, as its last heartbeat saw it: the control plane
+    re-adopts it, or stops it, after Redis lost the job records (docs/design.md §6)."""
+
+    job_id: str
+    generation: int = Field(ge=0, description="the generation it runs now (after a regroup)")
+    rank: int = Field(ge=0)
+    pid: int
+
+
 class NodeRecord(BaseModel):
     """A node as its agent registered it, and as ``GET /v1/nodes`` shows it."""
 
@@ -201,6 +211,9 @@ class NodeRecord(BaseModel):
     boot_id: str = ""
     quarantined_until: float | None = None
     spares_ready: int = Field(0, description="warm spare workers waiting on the node")
+    workers: list[NodeWorker] = Field(
+        default_factory=list, description="the worker processes its agent runs, by heartbeat"
+    )
 
     def alive(self, at: float, timeout_s: float) -> bool:
         return self.state == NodeState.READY and at - self.last_heartbeat <= timeout_s

@@ -1,115 +1,57 @@
-"""Cluster state in Redis: jobs, nodes, plans and idempotency guards.
+"""Cluster state in Redis: jobs, nodes, plans, idempotency guards and the rebuild's counters.
 
-Records are JSON documents of the models in :mod:`shared.models` and :mod:`shared.plans`. Any
-service may change a record, always through an optimistic transaction (WATCH/MULTI) that
-re-reads and re-applies its change on conflict, so concurrent writers never lose each other's
-updates. A record that no longer parses (a hand edit, a half-migrated field) is skipped by
-the listings and logged once per record and process, so it never hides the others.
+Records are JSON documents of the models in :mod:`shared.models` and :mod:`shared.plans`,
+changed through :class:`shared.records.RedisRecords`; jobs are indexed for paging and expire
+after their retention once finished (:mod:`shared.jobindex`).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import TypeVar
+import time
+from typing import cast
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel, ValidationError
-from redis.exceptions import WatchError
-from tenacity import retry, stop_after_delay, wait_exponential
 
-from unicron.shared.logging import get_logger
+from unicron.shared.jobindex import (
+    APPEND_JOB_SCRIPT,
+    FORGET_GONE_SCRIPT,
+    INDEX_STEP,
+    JOB_RETENTION_S,
+    JobPosition,
+    finished_at,
+)
 from unicron.shared.models import Job, NodeRecord
 from unicron.shared.plans import Plan
+from unicron.shared.records import Mutation, RedisRecords, connect_redis, parse_each
 
-M = TypeVar("M", bound=BaseModel)
-Mutation = Callable[[M], bool | None]
-# Records already reported as unreadable: a listing runs every few seconds; one line is enough.
-_unreadable: set[tuple[str, str]] = set()
-
-
-def parse_each(
-    model: type[M], kind: str, ids: list[str], raws: list[str | bytes | None]
-) -> list[M]:
-    """The records that parse; each one that does not is logged once and left out."""
-    records = []
-    for record_id, raw in zip(ids, raws, strict=True):
-        if raw is None:
-            continue
-        try:
-            records.append(model.model_validate_json(raw))
-        except ValidationError as exc:
-            if (kind, record_id) not in _unreadable:
-                _unreadable.add((kind, record_id))
-                get_logger(**{f"{kind}_id": record_id}).error(
-                    "unreadable record skipped", kind=kind, errors=exc.error_count()
-                )
-    return records
+# KEYS[1] a counter; ARGV[1] its floor. Raises the counter to the floor, never lowers it.
+_RAISE = """
+local value = tonumber(redis.call('GET', KEYS[1]) or '0')
+if value < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return tonumber(ARGV[1])
+end
+return value
+"""
 
 
-class StateStore:
-    def __init__(self, client: aioredis.Redis, prefix: str = "unicron:") -> None:
-        self.redis = client
-        self.prefix = prefix
+class StateStore(RedisRecords):
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str = "unicron:",
+        job_retention_s: float = JOB_RETENTION_S,
+    ) -> None:
+        super().__init__(client, prefix)
+        self.job_retention_s = job_retention_s
+        self._append_job = client.register_script(APPEND_JOB_SCRIPT)
+        self._forget_gone = client.register_script(FORGET_GONE_SCRIPT)
 
     @classmethod
-    async def connect(cls, url: str, connect_timeout_s: float = 30.0) -> StateStore:
-        client = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=10)
-
-        @retry(stop=stop_after_delay(connect_timeout_s), wait=wait_exponential(0.1, max=2.0))
-        async def _ping() -> None:
-            await client.ping()
-
-        await _ping()
-        return cls(client)
-
-    async def close(self) -> None:
-        await self.redis.aclose()
-
-    async def ping(self) -> bool:
-        return bool(await self.redis.ping())
-
-    def _key(self, *parts: str) -> str:
-        return self.prefix + ":".join(parts)
-
-    async def _get(self, key: str, model: type[M]) -> M | None:
-        raw = await self.redis.get(key)
-        return None if raw is None else model.model_validate_json(raw)
-
-    async def _update(self, key: str, model: type[M], mutate: Mutation[M]) -> M | None:
-        """Apply ``mutate`` atomically; it returns False to leave the record unwritten."""
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task else 0
-        result = await self._update_watched(key, model, mutate)
-        # redis-py's pipeline cleanup can swallow a cancel that lands during its UNWATCH; a
-        # task cancelled meanwhile must still stop, or its shutdown waits on it forever.
-        if task is not None and task.cancelling() > cancels:
-            raise asyncio.CancelledError
-        return result
-
-    async def _update_watched(self, key: str, model: type[M], mutate: Mutation[M]) -> M | None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        await pipe.reset()  # type: ignore[no-untyped-call]
-                        return None
-                    record = model.model_validate_json(raw)
-                    if mutate(record) is False:
-                        await pipe.reset()  # type: ignore[no-untyped-call]
-                        return record
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, record.model_dump_json())
-                    await pipe.execute()
-                    return record
-                except WatchError:
-                    continue
-
-    async def once(self, key: str, ttl_s: int = 7 * 24 * 3600) -> bool:
-        """True the first time ``key`` is seen: the Redis side of at-least-once de-duplication."""
-        return bool(await self.redis.set(self._key("once", key), "1", nx=True, ex=ttl_s))
+    async def connect(
+        cls, url: str, connect_timeout_s: float = 30.0, job_retention_s: float = JOB_RETENTION_S
+    ) -> StateStore:
+        return cls(await connect_redis(url, connect_timeout_s), job_retention_s=job_retention_s)
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -124,10 +66,10 @@ class StateStore:
                 if existing is not None:
                     return existing, False
                 await self.redis.set(idem, job.id, ex=7 * 24 * 3600)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self._key("job", job.id), job.model_dump_json())
-            pipe.zadd(self._key("jobs"), {job.id: job.submitted_at})
-            await pipe.execute()
+        keys = [self._key("job", job.id), self._key("jobs")]
+        args = [job.model_dump_json(), repr(job.submitted_at), INDEX_STEP, job.id]
+        await self._append_job(keys=keys, args=args)
+        await self._expire_if_finished(job)
         return job, True
 
     async def get_job(self, job_id: str) -> Job | None:
@@ -138,10 +80,58 @@ class StateStore:
         if not ids:
             return []
         raws = await self.redis.mget([self._key("job", i) for i in ids])
+        await self._unindex_gone([i for i, raw in zip(ids, raws, strict=True) if raw is None])
         return parse_each(Job, "job", ids, raws)
 
     async def update_job(self, job_id: str, mutate: Mutation[Job]) -> Job | None:
-        return await self._update(self._key("job", job_id), Job, mutate)
+        job = await self._update(self._key("job", job_id), Job, mutate)
+        if job is not None:
+            await self._expire_if_finished(job)
+        return job
+
+    async def _expire_if_finished(self, job: Job) -> None:
+        """Give a finished job's record its expiry. Again after every write: SET drops it."""
+        ended = finished_at(job)
+        if ended is not None:
+            expires_ms = int((ended + self.job_retention_s) * 1000)
+            await self.redis.pexpireat(self._key("job", job.id), expires_ms)
+
+    async def _unindex_gone(self, job_ids: list[str]) -> None:
+        if job_ids:
+            keys = [self._key("jobs"), *(self._key("job", i) for i in job_ids)]
+            await self._forget_gone(keys=keys, args=job_ids)
+
+    async def index_after(
+        self, position: JobPosition | None, offset: int, count: int
+    ) -> list[JobPosition]:
+        """Up to ``count`` entries of the job index (submission order) from ``position``'s
+        score on, ties with it included, skipping the first ``offset``."""
+        low: float | str = "-inf" if position is None else position.score
+        entries = await self.redis.zrangebyscore(
+            self._key("jobs"), low, "+inf", start=offset, num=count, withscores=True
+        )
+        pairs = cast(list[tuple[str, float]], entries)
+        return [JobPosition(float(score), str(job_id)) for job_id, score in pairs]
+
+    async def read_indexed(self, positions: list[JobPosition]) -> list[tuple[JobPosition, Job]]:
+        """The records at ``positions`` that exist, parse and are within retention; the index
+        forgets the others (an expired one is deleted now if its expiry was never set)."""
+        if not positions:
+            return []
+        raws = await self.redis.mget([self._key("job", p.job_id) for p in positions])
+        kept, gone = [], []
+        for at, raw in zip(positions, raws, strict=True):
+            parsed = parse_each(Job, "job", [at.job_id], [raw])
+            job = parsed[0] if parsed else None
+            ended = None if job is None else finished_at(job)
+            if raw is None or (ended is not None and ended + self.job_retention_s <= time.time()):
+                gone.append(at.job_id)
+            elif job is not None:
+                kept.append((at, job))
+        if gone:
+            await self.redis.delete(*(self._key("job", i) for i in gone))
+            await self._unindex_gone(gone)
+        return kept
 
     # --- nodes -----------------------------------------------------------------------------
 
@@ -206,3 +196,32 @@ class StateStore:
     async def latest_plan(self) -> Plan | None:
         plan_id = await self.redis.get(self._key("plan", "latest"))
         return None if plan_id is None else await self.get_plan(str(plan_id))
+
+    # --- the cluster marker and counters, for a rebuild (docs/design.md §6) ---------------
+
+    async def cluster_marker(self) -> str | None:
+        """The id of this Redis's incarnation of the cluster; None when Redis lost its data
+        (or never had any): the job records must then be rebuilt from the bus and agents."""
+        value = await self.redis.get(self._key("cluster"))
+        return None if value is None else str(value)
+
+    async def mark_cluster(self, incarnation: str) -> bool:
+        """Set the marker, unless one is set already; True when this call set it."""
+        return bool(await self.redis.set(self._key("cluster"), incarnation, nx=True))
+
+    async def restore_job(self, job: Job) -> bool:
+        """Store a rebuilt job unless a record of it exists; True when this call stored it."""
+        key = self._key("job", job.id)
+        stored = bool(await self.redis.set(key, job.model_dump_json(), nx=True))
+        await self.redis.zadd(self._key("jobs"), {job.id: job.submitted_at}, nx=True)
+        if stored:  # a rebuilt finished job keeps no longer than any other
+            await self._expire_if_finished(job)
+        return stored
+
+    async def raise_counter(self, key: str, floor: int) -> int:
+        """Raise the counter at the full ``key`` to at least ``floor``; returns its value."""
+        return int(await self.redis.eval(_RAISE, 1, key, floor))
+
+    async def raise_plan_seq(self, floor: int) -> int:
+        """Raise the plan sequence so the next plan is numbered above ``floor``."""
+        return await self.raise_counter(self._key("plan", "seq"), floor)

@@ -83,7 +83,13 @@ class NodeHealth:
             "node state changed", old=before.state.value, new=after.state.value, reason=reason
         )
         await self.bus.publish_event(
-            NodeStateChanged(node_id=node_id, old=before.state, new=after.state, reason=reason)
+            NodeStateChanged(
+                node_id=node_id,
+                old=before.state,
+                new=after.state,
+                reason=reason,
+                until=after.quarantined_until,  # so a rebuild after a Redis loss restores it
+            )
         )
 
 

@@ -147,6 +147,8 @@ class ProgressTracker:
 
     async def _on_step(self, report: StepCompleted) -> None:
         def advance(job: Job) -> bool:
+            if job.state.terminal:  # a late step of a cancelled job never revives it
+                return False
             # a late step of a generation already recorded as failed starts nothing
             fresh = not job.needs_recovery()
             first_step = fresh and (job.state in _TRANSITIONING or not job.stepping)

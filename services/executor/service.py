@@ -12,9 +12,11 @@ import contextlib
 
 from unicron.services.executor.commands import send_starts
 from unicron.services.executor.progress import ProgressTracker
+from unicron.services.executor.rebuild import Rebuilder
 from unicron.services.executor.settings import ExecutorSettings
 from unicron.services.executor.transitions import TransitionRunner
 from unicron.shared.bus import Bus, parse_event
+from unicron.shared.claims import ReportClaims
 from unicron.shared.events import CloudEvent, FailureDetected, PlanCreated
 from unicron.shared.logging import get_logger
 from unicron.shared.models import JobState, WorkerState, now
@@ -68,7 +70,7 @@ class Executor:
                 continue
             if stuck and waited > self.settings.launch_timeout_s:
                 log.warning("workers not started; asking agents again", job_id=job.id)
-                await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
+                await send_starts(self.bus, job, nodes)
 
     async def loop(self, stop: asyncio.Event) -> None:
         outage = Outage("executor reconcile", component="executor")
@@ -85,6 +87,10 @@ class Executor:
 
 async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: ExecutorSettings) -> None:
     executor = Executor(bus, state, settings)
+    # Rebuilds the records if Redis lost them; reports wait until it is sure they are there.
+    records = Rebuilder(bus, state, settings)
+    with contextlib.suppress(Exception):  # its watch below tries again, and logs why
+        await records.check()
     await bus.consume("unicron.events.plan.created", "executor", parse_event, executor.on_event)
     await bus.consume(
         "unicron.events.failure.detected", "executor-failures", parse_event, executor.on_event
@@ -93,6 +99,7 @@ async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: Execut
         f"{REPORT_SUBJECT_PREFIX}>",
         "executor-reports",
         WORKER_REPORT.validate_json,
-        executor.progress.on_report,
+        records.gated(executor.progress.on_report),
+        claim=records.gated(ReportClaims(state).check),
     )
-    await executor.loop(stop)
+    await asyncio.gather(executor.loop(stop), records.watch(stop))

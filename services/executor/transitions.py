@@ -46,6 +46,14 @@ from unicron.shared.state import StateStore
 _LAUNCHES = (PlanAction.START, PlanAction.RESTART, PlanAction.RESIZE)
 
 
+def _frees_slots_first(alloc: JobAllocation) -> int:
+    """Stops, then shrinks, then the rest: a node never runs a job's new workers while
+    another job's workers it replaces are still on the slots (the sort keeps plan order)."""
+    if alloc.action == PlanAction.STOP:
+        return 0
+    return 1 if alloc.workers < alloc.previous_workers else 2
+
+
 class TransitionRunner:
     def __init__(self, bus: Bus, state: StateStore, settings: ExecutorSettings) -> None:
         self.bus = bus
@@ -65,7 +73,7 @@ class TransitionRunner:
             get_logger(plan_id=plan.id).info("superseded plan skipped", latest=latest.id)
             return
         nodes = {n.id: n for n in await self.state.list_nodes()}
-        for allocation in plan.allocations:
+        for allocation in sorted(plan.allocations, key=_frees_slots_first):
             if allocation.action in _LAUNCHES:
                 await self.launch(allocation, plan, nodes)
             elif allocation.action == PlanAction.STOP:
@@ -125,14 +133,14 @@ class TransitionRunner:
         if job.transition_kind == "in_place" and not give_up:
             # Per node, commands run in order: the regroups raise the survivors' generation
             # before the stop, which then ends only the old generation's other processes.
-            await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
+            await send_starts(self.bus, job, nodes)
             await send_regroups(self.bus, job, nodes)
             await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
         else:
             await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
         if not give_up:
             if job.transition_kind != "in_place":
-                await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
+                await send_starts(self.bus, job, nodes)
             await self.bus.publish_event(
                 TransitionStarted(
                     job_id=job.id,
@@ -141,6 +149,7 @@ class TransitionRunner:
                     generation=job.generation,
                     from_workers=old.world_size,
                     to_workers=job.world_size,
+                    kind=job.transition_kind,
                 )
             )
         await self._announce(old, job)
@@ -193,7 +202,7 @@ class TransitionRunner:
         nodes = {n.id: n for n in await self.state.list_nodes()}
         await send_stops(self.bus, job, sorted(nodes), job.generation, f"fallback: {why}")
         try:
-            await send_starts(self.bus, job, nodes, self.settings.checkpoint_root)
+            await send_starts(self.bus, job, nodes)
         except MissingNodeError:
             log.exception("cannot restart; the next plan will place the job again")
         await self.bus.publish_event(
@@ -204,6 +213,7 @@ class TransitionRunner:
                 generation=job.generation,
                 from_workers=before.world_size,
                 to_workers=job.world_size,
+                kind="checkpoint",
             )
         )
         await self._announce(before, job)

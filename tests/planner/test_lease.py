@@ -48,6 +48,21 @@ async def test_a_standby_takes_over_within_the_ttl_and_the_old_holder_cannot_ren
     assert first.state == LeaseState.STANDBY and not first.held()
 
 
+async def test_a_restarted_instance_takes_its_dead_predecessors_lease_at_once(
+    state: StateStore,
+) -> None:
+    def of(instance: str, holder: str) -> Lease:
+        return Lease(state.redis, PLANNER_LEASE, 60.0, holder, state.prefix, instance=instance)
+
+    dead = of("planner@host", "pid-1")
+    assert await dead.try_acquire()
+    # another instance waits out the TTL (60 s here); the same instance, restarted, does not
+    assert not await of("planner@other", "pid-2").try_acquire()
+    successor = of("planner@host", "pid-3")
+    assert await successor.try_acquire() and successor.epoch == dead.epoch + 1
+    assert not await dead.renew()  # fenced: the predecessor's epoch is over
+
+
 async def test_keep_renews_until_stopped(state: StateStore) -> None:
     holder, rival = lease(state, "a"), lease(state, "b")
     assert await holder.try_acquire()
