@@ -7,7 +7,7 @@ answer at all) and :class:`ApiError` (the server answered with an error and says
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -16,12 +16,15 @@ import httpx
 
 from unicron.shared.calibration import CalibrationRecord
 from unicron.shared.events import CloudEvent
-from unicron.shared.models import Job, NodeRecord
+from unicron.shared.models import Job, JobState, NodeRecord
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 # A followed event stream carries a ping every 15 s; four missed pings mean the server is gone.
 STREAM_READ_TIMEOUT_S = 60.0
 UPLOAD_TIMEOUT_S = 300.0  # a package may be 100 MiB
+# ``GET /v1/jobs`` answers a page at a time; the next page's cursor is in this header.
+NEXT_CURSOR_HEADER = "X-Next-Cursor"
+PAGE_LIMIT = 500  # the most jobs the API puts in one page
 
 
 class ApiUnreachable(Exception):
@@ -136,8 +139,29 @@ class ApiClient:
         )
         return str(response.json()["working_dir"])
 
-    def jobs(self) -> list[Job]:
-        return [Job.model_validate(j) for j in self._request("GET", "/v1/jobs").json()]
+    def job_pages(
+        self, states: Sequence[JobState] = (), page_limit: int = PAGE_LIMIT
+    ) -> Iterator[list[Job]]:
+        """The caller's jobs (oldest first, only ``states`` if given), page by page, following
+        the API's cursor until the last page."""
+        params: dict[str, Any] = {"limit": page_limit, "state": [s.value for s in states]}
+        while True:
+            response = self._request("GET", "/v1/jobs", params=params)
+            yield [Job.model_validate(j) for j in response.json()]
+            cursor = response.headers.get(NEXT_CURSOR_HEADER)
+            if cursor is None:
+                return
+            params["cursor"] = cursor
+
+    def jobs(self, states: Sequence[JobState] = (), limit: int | None = None) -> list[Job]:
+        """Every job the caller may see (oldest first), or only the first ``limit``."""
+        found: list[Job] = []
+        page_limit = PAGE_LIMIT if limit is None else min(max(limit, 1), PAGE_LIMIT)
+        for page in self.job_pages(states, page_limit):
+            found += page
+            if limit is not None and len(found) >= limit:
+                return found[:limit]
+        return found
 
     def job(self, job_id: str) -> Job:
         return Job.model_validate(self._request("GET", f"/v1/jobs/{job_id}").json())

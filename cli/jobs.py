@@ -1,6 +1,7 @@
 """Job commands: ``submit`` (from a YAML file and/or options, optionally followed), ``status``
-and ``cancel``. With ``--working-dir DIR`` the job runs its ``entrypoint`` from DIR, uploaded
-as a package first (:mod:`cli.packages`)."""
+(all jobs, following the API's pages, or ``--limit``/``--state``) and ``cancel``. With
+``--working-dir DIR`` the job runs its ``entrypoint`` from DIR, uploaded as a package first
+(:mod:`cli.packages`)."""
 
 from __future__ import annotations
 
@@ -148,16 +149,27 @@ def submit(
 
 def status(
     job_id: Annotated[str | None, typer.Argument(metavar="[JOB]", help="A job id.")] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Show at most this many jobs (the oldest first).")
+    ] = None,
+    state: Annotated[
+        list[JobState] | None,
+        typer.Option(help="Only jobs in this state; repeat for several.", case_sensitive=False),
+    ] = None,
     api_url: ApiUrl = DEFAULT_API_URL,
 ) -> None:
-    """Show all jobs, or one job in detail with its workers and history."""
+    """Show all jobs (finished ones for UNICRON_JOB_RETENTION_S), or one in detail with its
+    workers and history."""
     out = console()
     with api(api_url) as client:
-        if job_id is None:
-            jobs = client.jobs()
-            out.print(jobs_table(jobs) if jobs else "no jobs")
-        else:
+        if job_id is not None:
             out.print(job_detail(client.job(job_id)))
+            return
+        # One more than shown, to tell whether the listing was cut.
+        jobs = client.jobs(state or (), None if limit is None else limit + 1)
+        out.print(jobs_table(jobs[:limit]) if jobs else "no jobs")
+        if limit is not None and len(jobs) > limit:
+            out.print(f"only the first {limit} jobs are shown; more with a higher --limit")
 
 
 def cancel(

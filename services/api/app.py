@@ -11,11 +11,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from unicron.services.api import unavailable
+from unicron.services.api import errors, unavailable
 from unicron.services.api.access import authenticate
 from unicron.services.api.metrics import ApiMetrics, MetricsMiddleware
 from unicron.services.api.routes import (
@@ -32,6 +32,7 @@ from unicron.services.api.routes import (
 from unicron.services.api.settings import ApiSettings
 from unicron.shared.bus import Bus
 from unicron.shared.logging import get_logger
+from unicron.shared.redisauth import check_login, redacted
 from unicron.shared.state import StateStore
 
 log = get_logger(component="api")
@@ -45,10 +46,15 @@ def _lifespan(settings: ApiSettings) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         timeout = settings.api_connect_timeout_s
-        bus = await Bus.connect(settings.nats_url, "unicron/api", connect_timeout_s=timeout)
-        store = await StateStore.connect(settings.redis_url, connect_timeout_s=timeout)
+        bus = await Bus.connect(
+            settings.nats_url, "unicron/api", timeout, access=settings.nats_access
+        )
+        await check_login(settings.redis_url)
+        store = await StateStore.connect(
+            settings.redis_url, connect_timeout_s=timeout, job_retention_s=settings.job_retention_s
+        )
         app.state.bus, app.state.store = bus, store
-        log.info("api connected", nats=settings.nats_url, redis=settings.redis_url)
+        log.info("api connected", nats=settings.nats_url, redis=redacted(settings.redis_url))
         try:
             yield
         finally:
@@ -58,30 +64,6 @@ def _lifespan(settings: ApiSettings) -> Any:
                     await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
 
     return lifespan
-
-
-def _readable(error: dict[str, Any]) -> dict[str, Any]:
-    """One validation error as ``{loc, msg, type}``, with the message a user can act on."""
-    msg = str(error.get("msg", ""))
-    ctx = error.get("ctx") or {}
-    if error.get("type") == "value_error":  # a model-level check: its text names the fields
-        msg = msg.removeprefix("Value error, ")
-    elif error.get("type") == "json_invalid" and "error" in ctx:
-        msg = f"{msg}: {ctx['error']}"
-    return {"loc": list(error.get("loc", ())), "msg": msg, "type": error.get("type")}
-
-
-def _summary(error: dict[str, Any]) -> str:
-    """``field.path: message``; a model-level message names its fields itself."""
-    path = ".".join(str(part) for part in error["loc"] if part != "body")
-    return f"{path}: {error['msg']}" if path else str(error["msg"])
-
-
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    detail = [_readable(dict(e)) for e in exc.errors()]
-    message = "; ".join(_summary(d) for d in detail)
-    return JSONResponse({"detail": detail, "message": message}, status_code=422)
 
 
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
@@ -95,9 +77,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = ApiMetrics()
     for module in V1_ROUTERS:
-        app.include_router(module.router, dependencies=[Depends(authenticate)])
+        app.include_router(
+            module.router, dependencies=[Depends(authenticate)], responses=errors.errors(401, 503)
+        )
     app.include_router(health.router)  # probes and scrapers carry no token
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(RequestValidationError, errors.validation_error)
+    app.add_exception_handler(StarletteHTTPException, errors.http_error)
     unavailable.install(app)  # Redis or NATS away: 503 + Retry-After, not 500
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

@@ -80,20 +80,21 @@ async def test_same_idempotency_key_returns_the_same_job_once(
     ("body", "field", "words"),
     [
         ('{"name": "tiny", "steps": ', "body", "JSON decode error"),
+        (b'{"name": "\xff"}', "body", "JSON decode error: the body is not UTF-8"),
         ({"name": "tiny", "trainer": "bert"}, "trainer", "'gpt'"),
         ({"name": "tiny", "min_workers": 4, "max_workers": 2}, "body", "min_workers"),
         ({"name": "tiny", "steps": 0}, "steps", "greater than 0"),
         ({"name": "tiny", "colour": "red"}, "colour", "not permitted"),
         ({"steps": 5}, "name", "required"),
     ],
-    ids=["malformed-json", "unknown-trainer", "min-above-max", "zero-steps", "unknown-field",
-         "no-name"],
+    ids=["malformed-json", "not-utf8", "unknown-trainer", "min-above-max", "zero-steps",
+         "unknown-field", "no-name"],
 )  # fmt: skip
 async def test_invalid_submission_is_refused_naming_the_field(
-    client: httpx.AsyncClient, state: StateStore, body: str | dict[str, object], field: str,
-    words: str,
+    client: httpx.AsyncClient, state: StateStore, body: str | bytes | dict[str, object],
+    field: str, words: str,
 ) -> None:  # fmt: skip
-    if isinstance(body, str):
+    if isinstance(body, str | bytes):
         response = await client.post(
             "/v1/jobs", content=body, headers={"Content-Type": "application/json"}
         )

@@ -12,7 +12,7 @@ from tests.api.factories import ADMIN, TOKENS, USER_A, USER_B, bearer
 from tests.api.live import serve_api
 from unicron.shared.bus import Bus
 from unicron.shared.events import PlanCreated, PlannedJob
-from unicron.shared.models import PlanAction
+from unicron.shared.models import NodeRecord, NodeWorker, PlanAction
 from unicron.shared.plans import JobAllocation, Plan
 from unicron.shared.state import StateStore
 
@@ -94,3 +94,20 @@ async def test_an_unreadable_job_record_hides_no_other(
         listed = await http.get("/v1/jobs", headers=bearer(ADMIN))
         assert listed.status_code == 200, listed.text
         assert [j["id"] for j in listed.json()] == [good]
+
+
+async def test_nodes_list_only_the_callers_own_workers(
+    http: httpx.AsyncClient, state: StateStore
+) -> None:
+    job_a = (await submit(http, USER_A)).json()["id"]
+    job_b = (await submit(http, USER_B)).json()["id"]
+    workers = [NodeWorker(job_id=j, generation=1, rank=0, pid=9) for j in (job_a, job_b)]
+    await state.put_node(NodeRecord(id="node-a", slots=2, workers=workers))
+
+    async def seen(token: str) -> list[str]:
+        nodes = (await http.get("/v1/nodes", headers=bearer(token))).json()
+        return [w["job_id"] for w in nodes[0]["workers"]]
+
+    assert await seen(USER_A) == [job_a]
+    assert await seen(USER_B) == [job_b]
+    assert await seen(ADMIN) == [job_a, job_b]

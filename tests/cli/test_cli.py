@@ -109,6 +109,33 @@ async def test_bad_input_exits_2_with_the_reason(
     assert conflict.exit_code == 2 and "already ended as SUCCEEDED" in conflict.stderr
 
 
+async def test_status_lists_every_page_or_a_limit_and_filters_by_state(
+    api_url: str, state: StateStore
+) -> None:
+    with ApiClient(api_url) as client:
+        submitted = [client.submit({"name": f"j{i}"})[0].id for i in range(5)]
+        client.cancel(submitted[1])
+        pages = [[job.id for job in page] for page in client.job_pages(page_limit=2)]
+        assert pages == [submitted[:2], submitted[2:4], submitted[4:]]
+        assert [job.id for job in client.jobs()] == submitted
+        assert [job.id for job in client.jobs(limit=3)] == submitted[:3]
+
+    def rows(output: str) -> list[str]:
+        return [line.split()[0] for line in output.splitlines() if line.strip().startswith("job-")]
+
+    everything = await unicron("status", api_url=api_url)
+    assert everything.exit_code == 0 and rows(everything.stdout) == submitted
+    limited = await unicron("status", "--limit", "2", api_url=api_url)
+    assert limited.exit_code == 0 and rows(limited.stdout) == submitted[:2]
+    assert "only the first 2 jobs are shown" in limited.stdout
+    cancelled = await unicron("status", "--state", "cancelled", api_url=api_url)
+    assert rows(cancelled.stdout) == [submitted[1]]
+    both = await unicron("status", "--state", "CANCELLED", "--state", "PENDING", api_url=api_url)
+    assert rows(both.stdout) == submitted and "only the first" not in both.stdout
+    refused = await unicron("status", "--limit", "0", api_url=api_url)
+    assert refused.exit_code == 2 and "--limit" in refused.output
+
+
 async def test_unreachable_api_exits_3() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     for args in (["status"], ["submit", "--name", "a"], ["nodes"], ["events"]):

@@ -13,12 +13,13 @@ from fastapi import APIRouter, HTTPException, status
 
 from unicron.services.api.access import Principal, may_see
 from unicron.services.api.deps import StateDep
+from unicron.services.api.errors import errors
 from unicron.shared.calibration import CALIBRATION_KEY, CalibrationRecord
 
 router = APIRouter(prefix="/v1/calibration", tags=["calibration"])
 
 
-@router.get("", response_model=CalibrationRecord)
+@router.get("", response_model=CalibrationRecord, responses=errors(404))
 async def get_calibration(state: StateDep, caller: Principal) -> CalibrationRecord:
     raw = await state.redis.get(CALIBRATION_KEY)
     if raw is None:

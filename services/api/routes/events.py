@@ -19,6 +19,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from unicron.services.api.access import Caller, Principal, may_see
 from unicron.services.api.deps import BusDep, SettingsDep, StateDep
+from unicron.services.api.errors import errors
 from unicron.shared.bus import Bus
 from unicron.shared.events import CloudEvent
 from unicron.shared.state import StateStore
@@ -82,23 +83,26 @@ async def _sse(
 ) -> AsyncIterator[ServerSentEvent]:
     if end is not None and (after or 0) >= end:
         return
-    # tail_events is an async generator: closing it promptly removes its NATS consumer.
+    # tail_events is an async generator: closing it promptly removes its NATS consumer. It is
+    # awaited in this task, never in one of wait_for's: a client that leaves cancels this task,
+    # and a generator still running in another task could then not be closed.
     async with aclosing(bus.tail_events(after)) as events:
         while True:
-            if end is None:
-                seq, event = await anext(events)
-            else:
-                try:
-                    seq, event = await asyncio.wait_for(anext(events), HISTORY_IDLE_S)
-                except TimeoutError:
-                    return
+            try:
+                async with asyncio.timeout(None if end is None else HISTORY_IDLE_S):
+                    seq, event = await anext(events)
+            except TimeoutError:
+                return
             if await visible(event):
                 yield ServerSentEvent(event.model_dump_json(), id=str(seq), event=event.type)
             if end is not None and seq >= end:
                 return
 
 
-@router.get("", response_class=EventSourceResponse)
+STREAM = {"description": "one SSE message per event", "content": {"text/event-stream": {}}}
+
+
+@router.get("", response_class=EventSourceResponse, responses={200: STREAM, **errors(400, 422)})
 async def stream_events(
     bus: BusDep,
     settings: SettingsDep,

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from unicron.services.api.access import AdminPrincipal
 from unicron.services.api.deps import BusDep, StateDep
+from unicron.services.api.errors import errors
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import FaultKind, FaultSpec, InjectFault
 from unicron.shared.models import Job, JobState, WorkerRecord, WorkerState, new_id
@@ -73,7 +74,11 @@ def target_worker(job: Job, rank: int) -> WorkerRecord:
     return worker
 
 
-@router.post("/{job_id}/faults", status_code=status.HTTP_202_ACCEPTED)
+@router.post(
+    "/{job_id}/faults",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=errors(403, 404, 409, 422),
+)
 async def inject_fault(
     job_id: str, fault: FaultSpec, caller: AdminPrincipal, bus: BusDep, state: StateDep
 ) -> FaultAccepted:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 from fastapi import APIRouter, Response, status
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 
 from unicron.services.api.deps import BusDep, MetricsDep, StateDep
 from unicron.shared.logging import get_logger
@@ -14,6 +17,14 @@ router = APIRouter(tags=["health"])
 log = get_logger(component="api.health")
 # A probe must answer well inside the kubelet's default 1 s timeout even when Redis hangs.
 PING_TIMEOUT_S = 0.5
+
+
+class Readiness(BaseModel):
+    """``/readyz``: ready when NATS and Redis both answer; ``failed`` names those that do not."""
+
+    status: Literal["ready", "not ready"]
+    failed: list[str]
+    checks: dict[str, str]
 
 
 async def _redis_ok(state: StateDep) -> bool:
@@ -29,8 +40,8 @@ async def livez() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
-async def readyz(response: Response, bus: BusDep, state: StateDep) -> dict[str, object]:
+@router.get("/readyz", responses={503: {"model": Readiness, "description": "not ready"}})
+async def readyz(response: Response, bus: BusDep, state: StateDep) -> Readiness:
     """200 when both NATS and Redis answer, else 503 naming the one that does not."""
     checks = {
         "nats": "ok" if bus.nc.is_connected else "disconnected",
@@ -39,11 +50,11 @@ async def readyz(response: Response, bus: BusDep, state: StateDep) -> dict[str, 
     failed = sorted(name for name, result in checks.items() if result != "ok")
     if failed:
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-        return {"status": "not ready", "failed": failed, "checks": checks}
-    return {"status": "ready", "failed": [], "checks": checks}
+        return Readiness(status="not ready", failed=failed, checks=checks)
+    return Readiness(status="ready", failed=[], checks=checks)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(state: StateDep, api_metrics: MetricsDep) -> Response:
     try:
         api_metrics.set_jobs(await asyncio.wait_for(state.list_jobs(), PING_TIMEOUT_S * 4))

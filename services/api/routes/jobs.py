@@ -5,7 +5,9 @@ event only wakes the planner. A replayed submission or cancellation publishes it
 with the same deterministic id, so a request whose first attempt died between the two steps
 is healed by a retry, while JetStream drops the copy when the first publish did get through.
 A job whose ``working_dir`` names a package (``pkg://<sha256>``) is refused (422, nothing
-created) unless that package was uploaded first (``POST /v1/packages``).
+created) unless that package was uploaded first (``POST /v1/packages``). The listing comes in
+pages (:mod:`services.api.paging`); a finished job drops out of it, and 404s, once its
+retention (``UNICRON_JOB_RETENTION_S``) has passed.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 
+from unicron.services.api import paging
 from unicron.services.api.access import Caller, Principal, may_see
 from unicron.services.api.deps import BusDep, SettingsDep, StateDep
+from unicron.services.api.errors import errors
 from unicron.shared.events import JobStateChanged, JobSubmitted
 from unicron.shared.logging import get_logger
 from unicron.shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
@@ -56,7 +60,9 @@ async def _announce(bus: BusDep, event: JobSubmitted | JobStateChanged, job_id: 
         ) from exc
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job)
+@router.post(
+    "", status_code=status.HTTP_201_CREATED, response_model=Job, responses=errors(403, 422)
+)
 async def submit_job(
     spec: JobSpec,
     response: Response,
@@ -88,7 +94,8 @@ async def submit_job(
         response.headers["Idempotent-Replayed"] = "true"
     # Re-announce a replay only while nobody has acted on the job yet (see module docstring).
     if created or job.state == JobState.PENDING:
-        await _announce(bus, JobSubmitted(job_id=job.id, name=job.name, spec=job.spec), job.id)
+        submitted = JobSubmitted(job_id=job.id, name=job.name, spec=job.spec, tenant=job.tenant)
+        await _announce(bus, submitted, job.id)
     log.info("job submitted", job_id=job.id, name=job.name, replayed=not created)
     return job
 
@@ -121,23 +128,53 @@ async def _check_package(bus: BusDep, spec: JobSpec) -> None:
         )
 
 
-@router.get("", response_model=list[Job])
+NEXT_PAGE = {
+    paging.NEXT_CURSOR_HEADER: {
+        "description": "the cursor of the next page; absent on the last one",
+        "schema": {"type": "string"},
+    }
+}
+
+
+@router.get(
+    "",
+    response_model=list[Job],
+    responses={200: {"headers": NEXT_PAGE}, **errors(422)},
+)
 async def list_jobs(
+    response: Response,
     state: StateDep,
     caller: Principal,
-    job_state: Annotated[JobState | None, Query(alias="state")] = None,
+    job_states: Annotated[
+        list[JobState] | None,
+        Query(alias="state", description="only jobs in these states (repeat for several)"),
+    ] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=paging.MAX_LIMIT, description="most jobs in this page")
+    ] = paging.DEFAULT_LIMIT,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=paging.MAX_CURSOR_CHARS, description="X-Next-Cursor of the last page"),
+    ] = None,
 ) -> list[Job]:
-    """The caller's jobs in submission order (an admin's: all), or only those in ``?state=``."""
-    jobs = await state.list_jobs()
-    return [j for j in jobs if may_see(caller, j) and job_state in (None, j.state)]
+    """The caller's jobs in submission order (an admin's: all), or only those in ``?state=``,
+    a page at a time: follow ``X-Next-Cursor`` until a page comes without it."""
+    after = None if cursor is None else paging.decode_cursor(cursor)
+    wanted = set(job_states or JobState)
+    page = await paging.page_jobs(
+        state, after, limit, lambda job: may_see(caller, job) and job.state in wanted
+    )
+    if page.next_after is not None:
+        response.headers[paging.NEXT_CURSOR_HEADER] = paging.encode_cursor(page.next_after)
+    return page.jobs
 
 
-@router.get("/{job_id}", response_model=Job)
+@router.get("/{job_id}", response_model=Job, responses=errors(404, 422))
 async def get_job(job_id: str, state: StateDep, caller: Principal) -> Job:
     return await _visible_job(state, caller, job_id)
 
 
-@router.post("/{job_id}/cancel", response_model=Job)
+@router.post("/{job_id}/cancel", response_model=Job, responses=errors(404, 409, 422))
 async def cancel_job(job_id: str, bus: BusDep, state: StateDep, caller: Principal) -> Job:
     """Move the job to CANCELLED; the planner and executor then stop its workers."""
     await _visible_job(state, caller, job_id)  # a job's tenant never changes: check it once

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from unicron.services.api.access import Principal, may_see
 from unicron.services.api.deps import BusDep, StateDep
+from unicron.services.api.errors import errors
 from unicron.shared.bus import Bus
 from unicron.shared.logging import get_logger
 from unicron.shared.logs import MAX_TAIL_LINES, LogsReply, LogsRequest, logs_subject
@@ -138,7 +139,17 @@ async def stream(
             reply = reply.model_copy(update={"data": b""})
 
 
-@router.get("/{job_id}/logs", response_class=StreamingResponse)
+TEXT = {
+    "description": "the rank's output",
+    "content": {"text/plain": {"schema": {"type": "string"}}},
+}
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=StreamingResponse,
+    responses={200: TEXT, **errors(404, 422, 502)},
+)
 async def job_logs(
     job_id: str,
     bus: BusDep,

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from unicron.services.api.access import Principal
 from unicron.services.api.deps import BusDep
+from unicron.services.api.errors import errors
 from unicron.shared.jobspec import PACKAGE_SCHEME
 from unicron.shared.logging import get_logger
 from unicron.shared.packages import MAX_PACKAGE_BYTES, put_package
@@ -55,7 +56,23 @@ async def _read_bounded(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=PackageStored)
+# The route reads the raw body itself (to stop at the limit), so FastAPI cannot infer it.
+ARCHIVE_BODY = {
+    "required": True,
+    "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+}
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=PackageStored,
+    responses={
+        200: {"model": PackageStored, "description": "the same bytes were stored before"},
+        **errors(413, 422),
+    },
+    openapi_extra={"requestBody": ARCHIVE_BODY},
+)
 async def upload_package(
     request: Request,
     response: Response,

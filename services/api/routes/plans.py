@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException, status
 
 from unicron.services.api.access import Caller, Principal, may_see
 from unicron.services.api.deps import StateDep
+from unicron.services.api.errors import errors
 from unicron.shared.plans import Plan
 from unicron.shared.state import StateStore
 
@@ -38,12 +39,17 @@ async def _scoped(plan: Plan, caller: Caller, state: StateStore) -> Plan:
     jobs = await state.list_jobs()
     visible = {job.id for job in jobs if may_see(caller, job)}
     others = {job.id for job in jobs} - visible
-    mine = [a for a in plan.allocations if a.job_id in visible]
+    # the planner names no other tenant's job in a reason; this holds if it ever did
+    mine = [
+        a.model_copy(update={"reason": redact(a.reason, visible, others)})
+        for a in plan.allocations
+        if a.job_id in visible
+    ]
     trigger = redact(plan.trigger, visible, others)
     return plan.model_copy(update={"allocations": mine, "trigger": trigger})
 
 
-@router.get("/latest", response_model=Plan)
+@router.get("/latest", response_model=Plan, responses=errors(404))
 async def latest_plan(state: StateDep, caller: Principal) -> Plan:
     """The plan the planner published last."""
     plan = await state.latest_plan()
@@ -55,7 +61,7 @@ async def latest_plan(state: StateDep, caller: Principal) -> Plan:
     return await _scoped(plan, caller, state)
 
 
-@router.get("/{plan_id}", response_model=Plan)
+@router.get("/{plan_id}", response_model=Plan, responses=errors(404, 422))
 async def get_plan(plan_id: str, state: StateDep, caller: Principal) -> Plan:
     plan = await state.get_plan(plan_id)
     if plan is None:
