@@ -10,12 +10,17 @@ the Redis reads. The untimed first plan of a case pays for the best-configuratio
 each model shape; the timed re-plans reuse it and every unchanged job's terms, as the service
 does (a new job, or a job hit by a fault, is computed afresh).
 
+``--quotas`` times the same cases with the jobs spread over four tenants, each capped at a
+quarter of the cluster (``UNICRON_TENANT_QUOTAS='{"*": …}'``), so the DP runs as a group
+knapsack (services/planner/quotas.py).
+
 Prints a table, then as its last line one JSON object:
-``{"p50_ms": {"128x4096": …}, "p99_ms": {…}}``.
+``{"p50_ms": {"128x4096": …}, "p99_ms": {…}, "quotas": false}``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -29,6 +34,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
 from unicron.services.planner.api import Calibration, ClusterInputs, JobDemand, JobView, NodeView
+from unicron.services.planner.fairness import PlanRules, TenantQuotas
 from unicron.services.planner.planning import plan_cluster
 from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H as RATE
 from unicron.services.planner.settings import PlannerSettings
@@ -39,6 +45,7 @@ JOBS = (8, 32, 128)
 GPUS = (128, 1024, 4096)
 RUNS = 20
 NODE = 8
+TENANTS = 4
 # GPT-3 family (Brown et al. 2020, Table 2.1), heads rounded to divide the width; sequences
 # per step as GPT-3 trained them.
 MODELS = (
@@ -114,36 +121,56 @@ def _without(view: JobView, node: str) -> JobView:
     return replace(view, demand=demand, ranks=ranks)
 
 
-def measure(jobs: int, gpus: int, settings: PlannerSettings) -> list[float]:
+def tenants(inputs: ClusterInputs) -> ClusterInputs:
+    """The jobs dealt round-robin to the tenants (a new job has none: it stays unlimited)."""
+    views = tuple(replace(v, tenant=f"team-{i % TENANTS}") for i, v in enumerate(inputs.jobs))
+    return replace(inputs, jobs=views)
+
+
+def quarter(gpus: int) -> PlanRules:
+    share = gpus // TENANTS // NODE * NODE
+    return PlanRules(quotas=TenantQuotas.parse({"*": share}))
+
+
+def measure(jobs: int, gpus: int, settings: PlannerSettings, quotas: bool = False) -> list[float]:
     base = running(cluster(gpus, jobs, seed=jobs * 7919 + gpus), settings)
+    rules = quarter(gpus) if quotas else PlanRules()
+    if quotas:
+        base = tenants(base)
     objective = settings.objective()
     rng = np.random.default_rng(gpus + jobs)
     times = []
     for i in range(RUNS):
         inputs = perturb(base, rng, i)
         started = time.perf_counter()
-        plan_cluster(inputs, objective)
+        plan_cluster(inputs, objective, rules)
         times.append((time.perf_counter() - started) * 1e3)
     return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--quotas", action="store_true", help="four tenants, a quarter each")
+    quotas = parser.parse_args(argv).quotas
     settings = PlannerSettings(planner_cluster="a100")
-    table = Table(title=f"plan time, {RUNS} re-plans per case (a100 preset, {NODE}-GPU nodes)")
+    title = f"plan time, {RUNS} re-plans per case (a100 preset, {NODE}-GPU nodes)"
+    if quotas:
+        title += f", {TENANTS} tenants capped at a quarter each"
+    table = Table(title=title)
     for header in ("jobs", "GPUs", "units", "p50 ms", "p99 ms", "max ms"):
         table.add_column(header, justify="right")
     p50: dict[str, float] = {}
     p99: dict[str, float] = {}
     for gpus in GPUS:
         for jobs in JOBS:
-            times = measure(jobs, gpus, settings)
+            times = measure(jobs, gpus, settings, quotas)
             key = f"{jobs}x{gpus}"
             p50[key] = round(float(np.percentile(times, 50)), 2)
             p99[key] = round(float(np.percentile(times, 99)), 2)
             table.add_row(str(jobs), str(gpus), str(gpus // NODE), f"{p50[key]:.1f}",
                           f"{p99[key]:.1f}", f"{max(times):.1f}")  # fmt: skip
     Console().print(table)
-    print(json.dumps({"p50_ms": p50, "p99_ms": p99}))
+    print(json.dumps({"p50_ms": p50, "p99_ms": p99, "quotas": quotas}))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@ Without ``--explain``: one row per job — action, workers old → new, parallel
 predicted throughput and WAF, predicted downtime, reason. With it, per job: both
 configurations with their step times, the transition and where its state comes from, the
 expected reward, and the best alternatives that lost, each with the expected reward of the best
-plan that would have made it and how far short of the chosen plan that falls.
+plan that would have made it and how far short of the chosen plan that falls; for a job given
+no workers, "waiting since <time> (<how long>): <why>" (services/planner/waiting.py).
 """
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Annotated
 
@@ -20,6 +22,7 @@ from rich.text import Text
 
 from unicron.cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
 from unicron.cli.common import ApiUrl, api, console
+from unicron.services.planner.waiting import scaled
 from unicron.shared.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
 
 QUIET_ACTIONS = ("keep", "wait")
@@ -36,23 +39,18 @@ def fetch_plan(client: ApiClient, plan_id: str | None) -> Plan:
     return Plan.model_validate(response.json())
 
 
-def _scaled(value: float, unit: str) -> str:
-    for prefix, size in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
-        if abs(value) >= size:
-            return f"{value / size:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}"
-
-
 def flops(value: float) -> str:
-    return _scaled(value, "FLOP/s") if value else "-"
+    return scaled(value, "FLOP/s") if value else "-"
 
 
 def work(value: float) -> str:
     """An expected reward: FLOP/s x seconds, i.e. floating-point operations."""
-    return _scaled(value, "FLOP")
+    return scaled(value, "FLOP")
 
 
 def seconds(value: float) -> str:
+    if value >= 2 * 86400:
+        return f"{value / 86400:.1f} days"
     if value >= 7200:
         return f"{value / 3600:.1f} h"
     if value >= 120:
@@ -79,6 +77,7 @@ def header(plan: Plan) -> Text:
         f"expected WAF {flops(plan.expected_waf)}",
         f"expected reward {work(plan.expected_reward)}",
         f"{plan.free_slots} slots free",
+        f"fairness {plan.fairness.value}",
         f"planned in {plan.planning_ms:.0f} ms",
     ]
     return Text.assemble((top, "bold"), "\n", " · ".join(parts))
@@ -120,6 +119,29 @@ def _transition(why: JobExplanation) -> str:
     return f"{why.transition}{source}: downtime {seconds(why.predicted_downtime_s)}{model}{lost}"
 
 
+def clock(at: float) -> str:
+    """A time of day, with the date when it is not today."""
+    when = datetime.fromtimestamp(at)
+    today = when.date() == datetime.now().date()
+    return when.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S")
+
+
+def waiting(a: JobAllocation) -> str | None:
+    """The "since <time> (<how long>): <why>" of a job the plan gives no workers."""
+    if a.workers or a.waiting_reason is None:
+        return None
+    if a.waiting_since is None:  # it runs until this plan stops it
+        return f"from this plan: {a.reason}"
+    waited = seconds(max(0.0, time.time() - a.waiting_since))
+    return f"since {clock(a.waiting_since)} ({waited}): {a.reason}"
+
+
+def _weight(why: JobExplanation) -> str:
+    aged = f", aged x{why.weight_factor:.3g}" if why.weight_factor != 1.0 else ""
+    kept = f", guaranteed {why.guaranteed_workers} workers" if why.guaranteed_workers else ""
+    return f"weight {why.weight:g}{aged}{kept}"
+
+
 def explain_job(a: JobAllocation, plan: Plan) -> Group:
     why = a.explanation
     title = Text.assemble(
@@ -128,13 +150,14 @@ def explain_job(a: JobAllocation, plan: Plan) -> Group:
     if why is None:
         return Group(title, Text(f"  {a.reason}"))
     grid = Table.grid(padding=(0, 2))
-    rows = [
-        ("why", a.reason),
+    waits = waiting(a)
+    rows = [("waiting", waits)] if waits else [("why", a.reason)]
+    rows += [
         ("configuration", f"{layout(why.old_config, True)}  →  {layout(why.new_config, True)}"),
         (
             "throughput",
             f"{flops(why.predicted_throughput_old)} → {flops(why.predicted_throughput)}"
-            f"  (weight {why.weight:g}, WAF {flops(why.predicted_waf)}, {_calibration(why)})",
+            f"  ({_weight(why)}, WAF {flops(why.predicted_waf)}, {_calibration(why)})",
         ),
         ("transition", _transition(why)),
         ("expected reward", f"{work(why.reward)} over D_run {seconds(plan.run_s)}"),

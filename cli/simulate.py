@@ -7,20 +7,25 @@ policy and compare their accumulated WAF (the :mod:`simulator` package).
 Writes ``OUT/summary.json``, ``OUT/timeline-<policy>.csv``, ``OUT/waf.png`` (WAF over time, all
 policies), ``OUT/gpus.png`` (GPUs per job over time) and, with ``--generate``, the trace it
 drew as ``OUT/trace.csv``. Exit code 2 on a bad input file (the message names line and field).
+``--fairness waf|aging|guaranteed_min`` (and ``--aging-hours``) picks the planner's policy
+against starvation (services/planner/fairness.py); the tables show each policy's and each
+job's hours waiting: admitted, holding no GPUs.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from unicron.services.planner.fairness import PlanRules
 from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
+from unicron.shared.plans import Fairness
 from unicron.simulator.inputs import InputError
 from unicron.simulator.plots import plot_gpus, plot_waf
 from unicron.simulator.policies import NAMES
@@ -42,6 +47,7 @@ def _table(summary: dict[str, object]) -> Table:
         "failures",
         "job hits",
         "downtime (h)",
+        "waiting (h)",
     ):
         table.add_column(header, justify="right")
     policies = summary["policies"]
@@ -57,7 +63,27 @@ def _table(summary: dict[str, object]) -> Table:
             str(p["failures"]),
             str(p["job_hits"]),
             f"{p['downtime_s'] / 3600:.1f}",
+            f"{p['wait_s'] / 3600:.1f}",
         )
+    return table
+
+
+def waiting_table(summary: dict[str, Any]) -> Table:
+    """Each job's waiting (admitted, no GPUs) and first start, per policy, in hours."""
+    policies = summary["policies"]
+    table = Table(title="waiting per job, hours (first start)")
+    table.add_column("job")
+    for name in policies:
+        table.add_column(name, justify="right")
+    jobs = next(iter(policies.values()))["jobs"] if policies else {}
+    for job in jobs:
+        cells = []
+        for p in policies.values():
+            figures = p["jobs"][job]
+            first = figures["first_run_s"]
+            start = "never" if first is None else f"{first / 3600:.1f}"
+            cells.append(f"{figures['wait_s'] / 3600:.1f} ({start})")
+        table.add_row(job, *cells)
     return table
 
 
@@ -84,6 +110,12 @@ def simulate(
     baseline_allocation: Annotated[
         str, typer.Option(help="Baselines start from Unicron's plan ('planner') or 'fifo'.")
     ] = "planner",
+    fairness: Annotated[
+        Fairness, typer.Option(help="The planner's policy against starvation.")
+    ] = Fairness.WAF,
+    aging_hours: Annotated[
+        float, typer.Option(help="aging: hours of waiting that double a job's weight.")
+    ] = 24.0,
     baseline_throughput: Annotated[
         list[str] | None,
         typer.Option(
@@ -105,6 +137,9 @@ def simulate(
         throughput = parse_throughput(baseline_throughput or [])
     except ValueError as exc:
         _refuse(str(exc))
+    if not 0 < aging_hours < float("inf"):
+        _refuse("--aging-hours must be a positive number")
+    rules = PlanRules(fairness, aging_hours * 3600.0)
     try:
         scenario = build_scenario(
             cluster,
@@ -115,7 +150,7 @@ def simulate(
             seed,
             repair_hours,
             calibration,
-            Options(sample_minutes, measured_plan_time, baseline_allocation, throughput),
+            Options(sample_minutes, measured_plan_time, baseline_allocation, throughput, rules),
         )
     except InputError as exc:
         _refuse(str(exc))
@@ -140,6 +175,7 @@ def simulate(
     plot_waf([r.timeline for r in results], out / "waf.png", title)
     plot_gpus([r.timeline for r in results], out / "gpus.png")
     console.print(_table(summary))
+    console.print(waiting_table(summary))
     ratio = summary["ratio_unicron_to_best_baseline"]
     if ratio is not None:
         console.print(f"unicron / best baseline: {ratio:.3f}x")

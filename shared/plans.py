@@ -8,9 +8,30 @@ transition a job needs. ``GET /v1/plans`` shows each job's :class:`JobExplanatio
 
 from __future__ import annotations
 
+from enum import Enum
+
 from pydantic import BaseModel, Field
 
 from unicron.shared.models import PlanAction, new_id, now
+
+
+class Fairness(str, Enum):
+    """How the planner keeps jobs from starving (services/planner/fairness.py)."""
+
+    WAF = "waf"  # Σ G alone
+    AGING = "aging"  # a job's weight grows with the time it waited
+    GUARANTEED_MIN = "guaranteed_min"  # every admitted job gets its minimum first
+
+
+class WaitReason(str, Enum):
+    """Why a plan gives a job no workers."""
+
+    CANNOT_RUN = "cannot_run"  # no parallel configuration of its model fits its worker range
+    CLUSTER_TOO_SMALL = "cluster_too_small"  # its minimum exceeds the cluster's slots
+    NODES_UNAVAILABLE = "nodes_unavailable"  # ... the usable slots: nodes are out of service
+    TENANT_QUOTA = "tenant_quota"  # its minimum does not fit in its tenant's quota
+    BELOW_MINIMUM = "below_minimum"  # the slots left are fewer than its minimum
+    LOWER_VALUE = "lower_value"  # the slots it needs earn more in the jobs that run
 
 
 class ParallelConfig(BaseModel):
@@ -52,6 +73,12 @@ class JobExplanation(BaseModel):
     predicted_lost_work_s: float = 0.0
     downtime_factor: float = Field(1.0, description="measured / modelled downtime of its kind")
     reward: float = 0.0
+    weight_factor: float = Field(
+        1.0, description="what the fairness policy multiplied the weight by (aging)"
+    )
+    guaranteed_workers: int = Field(
+        0, description="workers the guaranteed_min policy gave it before maximising WAF"
+    )
     alternatives: list[Alternative] = Field(default_factory=list)
 
 
@@ -66,6 +93,8 @@ class JobAllocation(BaseModel):
     predicted_throughput: float = 0.0
     config: ParallelConfig | None = Field(None, description="the parallel layout to run")
     explanation: JobExplanation | None = None
+    waiting_reason: WaitReason | None = Field(None, description="why it gets no workers")
+    waiting_since: float | None = Field(None, description="when a PENDING job began waiting")
 
 
 class Plan(BaseModel):
@@ -85,6 +114,7 @@ class Plan(BaseModel):
     run_s: float = Field(0.0, description="D_run: expected seconds to the next failure")
     failure_rate_per_gpu_h: float | None = None
     planning_ms: float = 0.0
+    fairness: Fairness = Field(Fairness.WAF, description="the planner's policy against starvation")
 
     def for_job(self, job_id: str) -> JobAllocation | None:
         return next((a for a in self.allocations if a.job_id == job_id), None)

@@ -10,7 +10,8 @@ Modules, one concept each:
 - :mod:`.cluster` — nodes, their health and which job holds which slots;
 - :mod:`.state` — the simulation a policy acts on: jobs' allocations, downtime, accrual;
 - :mod:`.policies` — one module per recovery policy, and their registry;
-- :mod:`.metrics` — timelines and the summary;
+- :mod:`.metrics` — timelines and the summary (each job's waiting among it);
+- :mod:`.fairness` — the planner's policies against starvation compared on one scenario;
 - :mod:`.plots` — WAF over time and GPUs per job (PNG);
 - :mod:`.runner` — the event loop that ties them together.
 """

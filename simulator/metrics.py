@@ -4,7 +4,8 @@ A sample every ``sample_s`` records, per policy: the instantaneous WAF (Σ weigh
 FLOP/s over the jobs that are up), the accumulated WAF (∫ WAF dt, in weighted FLOPs) and the
 GPUs each job holds. The summary per policy: ``accumulated_waf``; ``ettr`` (effective training
 time ratio: the time jobs trained over the time they held GPUs — recovery counts against it,
-waiting for GPUs is reported apart as ``wait_s``); ``failures`` (trace failures during the
+waiting for GPUs is reported apart as ``wait_s``, in all and per job in ``jobs``: the time each
+was admitted but held no GPUs, and when it first ran); ``failures`` (trace failures during the
 run); ``downtime_s`` (job-seconds spent recovering).
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unicron.simulator.state import Simulation
+from unicron.simulator.state import JobRun, Simulation
 
 
 @dataclass
@@ -53,9 +54,20 @@ def policy_summary(sim: Simulation, failures: int) -> dict[str, Any]:
         "failures": failures,
         "downtime_s": sum(r.down_s for r in runs),
         "wait_s": sum(r.wait_s for r in runs),
+        "jobs": {r.name: job_summary(r) for r in runs},
         "job_hits": sum(r.hits for r in runs),
         "finished": sorted(r.name for r in runs if r.done),
         **{k: v for k, v in sim.policy.stats().items() if k != "job_hits"},
+    }
+
+
+def job_summary(run: JobRun) -> dict[str, Any]:
+    """One job's figures: its waiting (admitted, no GPUs), its first start, its weighted work."""
+    return {
+        "wait_s": run.wait_s,
+        "first_run_s": run.first_run_s,
+        "accumulated_waf": run.acc_waf,
+        "finished": run.done,
     }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unicron.services.planner.api import Calibration
+from unicron.services.planner.fairness import PlanRules
 from unicron.simulator.events import Kind
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.metrics import Timeline, policy_summary, ratio
@@ -37,6 +38,8 @@ class Scenario:
     baseline_allocation: str = "planner"  # or "fifo": see simulator.policies.base
     # (policy, measured failure-free throughput / the planner's model), overriding the mechanism
     throughput: tuple[tuple[str, float], ...] = ()
+    # The planner's fairness policy and quotas (unicron's plans, and the baselines' first one).
+    rules: PlanRules = field(default_factory=PlanRules)
 
 
 @dataclass
@@ -50,7 +53,11 @@ class Result:
 def run_policy(scenario: Scenario, name: str, progress: Progress | None = None) -> Result:
     started = time.perf_counter()
     policy = make_policy(
-        name, scenario.calibration, scenario.measured_plan_time, scenario.baseline_allocation
+        name,
+        scenario.calibration,
+        scenario.measured_plan_time,
+        scenario.baseline_allocation,
+        scenario.rules,
     )
     policy.measured_throughput = dict(scenario.throughput).get(name)
     sim = Simulation(scenario.cluster, scenario.jobs, policy)
@@ -127,6 +134,7 @@ def run_all(
         "duration_s": scenario.duration_s,
         "gpus": scenario.cluster.gpus,
         "baseline_allocation": scenario.baseline_allocation,
+        "fairness": scenario.rules.fairness.value,
         "wall_s": {r.policy: round(r.wall_s, 3) for r in results},
     }
     return summary, results

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from unicron.services.planner.api import Calibration
+from unicron.services.planner.fairness import PlanRules
 from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
 from unicron.simulator.inputs import (
     ClusterConfig,
@@ -46,6 +47,7 @@ class Options:
     measured_plan_time: bool = False
     baseline_allocation: str = "planner"  # or "fifo"
     throughput: tuple[tuple[str, float], ...] = ()  # see Scenario.throughput
+    rules: PlanRules = field(default_factory=PlanRules)  # the planner's fairness and quotas
 
 
 def parse_throughput(items: list[str]) -> tuple[tuple[str, float], ...]:
@@ -101,6 +103,7 @@ def make_scenario(
         opts.measured_plan_time,
         opts.baseline_allocation,
         opts.throughput,
+        opts.rules,
     )
 
 

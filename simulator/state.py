@@ -38,7 +38,8 @@ class JobRun:
     acc_waf: float = 0.0  # weighted FLOPs done (∫ w·T dt)
     useful_s: float = 0.0
     down_s: float = 0.0
-    wait_s: float = 0.0
+    wait_s: float = 0.0  # admitted, holding no GPUs
+    first_run_s: float | None = None  # when it first held GPUs
     hits: int = 0
     memo: dict[str, Any] = field(default_factory=dict)  # the policy's own bookkeeping
 
@@ -88,6 +89,8 @@ class Simulation:
     def set_workers(self, run: JobRun, workers: int) -> None:
         """The job now trains on ``workers`` (the cluster ledger is the caller's)."""
         run.workers = workers
+        if workers and run.first_run_s is None:
+            run.first_run_s = self.now
         run.flops = run.speeds.flops(workers) * self.policy.throughput_factor(run, workers)
         self._rearm(run)
 

@@ -180,7 +180,9 @@ class JobView:
     """A non-terminal job as the planner sees it.
 
     ``ranks`` holds the node of each rank the job still holds on a usable node, in rank order;
-    ``failure`` describes the fault that hit the running generation, if any.
+    ``failure`` describes the fault that hit the running generation, if any. ``waiting_since``
+    is when a PENDING job last became PENDING; ``waited_s`` the waiting its fairness policy
+    counts (:mod:`.fairness`: whole aging steps, 0 unless the policy ages).
     """
 
     demand: JobDemand
@@ -189,6 +191,9 @@ class JobView:
     generation: int
     ranks: tuple[str, ...] = ()
     failure: str | None = None
+    tenant: str | None = None
+    waiting_since: float | None = None
+    waited_s: float = 0.0
 
     @property
     def job_id(self) -> str:
@@ -197,6 +202,15 @@ class JobView:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+
+@dataclass(frozen=True)
+class OutOfService:
+    """A node the plan cannot use, and why (its state, or "silent": heartbeats stopped)."""
+
+    node_id: str
+    slots: int
+    why: str
 
 
 @dataclass(frozen=True)
@@ -217,6 +231,7 @@ class ClusterInputs:
     jobs: tuple[JobView, ...]
     orphans: tuple[Orphan, ...] = ()
     calibration: Calibration = Calibration()
+    out_of_service: tuple[OutOfService, ...] = ()
 
     @property
     def capacity(self) -> int:

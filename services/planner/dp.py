@@ -13,7 +13,10 @@ The layers run from the last job to the first so that backtracking decides the f
 2. job by job in order, a job keeps its current allocation if it can, else takes the most
    units — earlier-submitted jobs win.
 
-Rewards are floats, so "equal" means within a relative 1e-9. A job's feasible counts are 0
+A row may also stand for a group of jobs (:mod:`.quotas`): then how many of its jobs keep their
+allocation depends on the units it gets, so the tie-break takes a ``bonus`` matrix (jobs kept
+for each row and unit count) instead of ``keep``. Rewards are floats, so "equal" means within a
+relative 1e-9. A job's feasible counts are 0
 and any subset of [lo, hi] (counts inside with no runnable configuration are -inf). Cost is
 O(m·n·K) time and O(n·K) memory per layer, K = hi - lo + 1 ≤ n. :func:`alternatives` runs
 the recurrence forwards once more to price "job i gets k units instead" exactly.
@@ -52,16 +55,37 @@ def solve(rewards: FloatArray, keep: Sequence[int]) -> IntArray:
     return optimise(rewards, keep).units
 
 
-def optimise(rewards: FloatArray, keep: Sequence[int]) -> Solution:
+def optimise(rewards: FloatArray, keep: Sequence[int], bonus: KeptArray | None = None) -> Solution:
+    """The optimum; ``bonus`` (default: one where ``keep`` says) counts the jobs kept."""
     if rewards.ndim != 2 or rewards.shape[0] != len(keep):
         raise ValueError("rewards must be (jobs, units + 1) with one keep entry per job")
     if rewards.shape[0] and not np.isfinite(rewards[:, 0]).all():
         raise ValueError("zero units must be feasible for every job")
     if rewards.shape[0] > np.iinfo(KEPT).max:
         raise ValueError(f"at most {np.iinfo(KEPT).max} jobs")
-    best, kept = _tables(rewards, keep)
-    units = _backtrack(rewards, keep, best, kept)
+    bonus = one_hot(keep, rewards.shape[1]) if bonus is None else bonus
+    best, kept = tables(rewards, bonus)
+    units = backtrack(rewards, keep, bonus, best, kept)
     return Solution(units, best, float(best[0, -1]) if rewards.shape[0] else 0.0)
+
+
+def one_hot(keep: Sequence[int], width: int) -> KeptArray:
+    """The tie-break bonus of single jobs: 1 at the unit count that keeps what a job holds."""
+    bonus = np.zeros((len(keep), width), dtype=KEPT)
+    for i, k in enumerate(keep):
+        if 0 <= k < width:
+            bonus[i, k] = 1
+    return bonus
+
+
+def maxplus(a: FloatArray, b: FloatArray) -> FloatArray:
+    """out[t] = max over s ≤ t of a[s] + b[t - s]: two "best on at most t units" tables of
+    disjoint sets of jobs combined into one (both of length t_max + 1)."""
+    t = np.arange(a.size)
+    rest = t[:, None] - t[None, :]
+    summed = a[None, :] + b[np.maximum(rest, 0)]
+    out: FloatArray = np.where(rest >= 0, summed, -np.inf).max(axis=1)
+    return out
 
 
 def alternatives(
@@ -96,7 +120,7 @@ def _tol(value: FloatArray) -> FloatArray:
 
 
 def _candidates(
-    best_next: FloatArray, kept_next: KeptArray, g: FloatArray, keep: int, j: IntArray
+    best_next: FloatArray, kept_next: KeptArray, g: FloatArray, bonus: KeptArray, j: IntArray
 ) -> tuple[FloatArray, IntArray, IntArray]:
     """For each budget in ``j`` (rows) and feasible k (columns): total reward and keeps."""
     ks = np.flatnonzero(np.isfinite(g)).astype(np.int64)
@@ -104,7 +128,7 @@ def _candidates(
     fits = rest >= 0
     rest = np.maximum(rest, 0)  # a valid index everywhere; masked below where k > j
     values = np.where(fits, best_next[rest] + g[ks], -np.inf)
-    keeps = np.where(fits, kept_next[rest] + (ks == keep), -1)
+    keeps = np.where(fits, kept_next[rest] + bonus[ks], -1)
     return values, keeps.astype(np.int64), ks
 
 
@@ -119,14 +143,15 @@ def _bounds(rewards: FloatArray) -> tuple[list[int], list[int]]:
     return lo.tolist(), hi.tolist()
 
 
-def _tables(rewards: FloatArray, keep: Sequence[int]) -> tuple[FloatArray, KeptArray]:
-    """S (best reward) and, among near-best choices, the most jobs kept; row i = jobs i.."""
+def tables(rewards: FloatArray, bonus: KeptArray) -> tuple[FloatArray, KeptArray]:
+    """S (best reward) and, among near-best choices, the most jobs kept; row i = jobs i..
+    Column j covers budgets of at most j units, so a table for fewer units is a slice."""
     m, width = rewards.shape
     best = np.zeros((m + 1, width), dtype=np.float64)
     kept = np.zeros((m + 1, width), dtype=KEPT)
     lo, hi = _bounds(rewards)
     for i in range(m - 1, -1, -1):
-        values, keeps = _layer(best[i + 1], rewards[i], lo[i], hi[i], kept[i + 1], keep[i])
+        values, keeps = _layer(best[i + 1], rewards[i], lo[i], hi[i], kept[i + 1], bonus[i])
         assert keeps is not None
         best[i] = values.max(axis=1)
         near = _near(values, best[i][:, None])
@@ -160,7 +185,7 @@ def _layer(
     lo: int,
     hi: int,
     kept_next: KeptArray | None = None,
-    keep: int = NO_KEEP,
+    bonus: KeptArray | None = None,
 ) -> tuple[FloatArray, KeptArray | None]:
     """Like :func:`_candidates` for every budget, from strided views: no gathers.
 
@@ -175,12 +200,12 @@ def _layer(
     values[:, 0] = best_next + g[0]
     # windows[j, p] = S[j - k] for k = hi - p; -inf (and -1 kept) where k > j.
     np.add(_windows(best_next, hi, span, -np.inf), g[ks_desc], out=values[:, 1:])
-    if kept_next is None:
+    if kept_next is None or bonus is None:
         return values, None
     keeps = np.empty((width, span + 1), dtype=KEPT)
-    keeps[:, 0] = kept_next + (keep == 0)
+    keeps[:, 0] = kept_next + bonus[0]
     window_kept = _windows(kept_next, hi, span, -1)
-    np.add(window_kept, (ks_desc == keep).astype(KEPT), out=keeps[:, 1:])
+    np.add(window_kept, bonus[ks_desc], out=keeps[:, 1:])
     return values, keeps
 
 
@@ -188,15 +213,16 @@ def _near(values: FloatArray, target: FloatArray) -> npt.NDArray[np.bool_]:
     return values >= target - _tol(target)
 
 
-def _backtrack(
-    rewards: FloatArray, keep: Sequence[int], best: FloatArray, kept: KeptArray
+def backtrack(
+    rewards: FloatArray, keep: Sequence[int], bonus: KeptArray, best: FloatArray, kept: KeptArray
 ) -> IntArray:
+    """The tie-broken optimum read from :func:`tables` on a budget of ``width - 1`` units."""
     m, width = rewards.shape
     units = np.zeros(m, dtype=np.int64)
     budget = width - 1
     for i in range(m):
         at = np.array([budget], dtype=np.int64)
-        values, keeps, ks = _candidates(best[i + 1], kept[i + 1], rewards[i], keep[i], at)
+        values, keeps, ks = _candidates(best[i + 1], kept[i + 1], rewards[i], bonus[i], at)
         target = best[i, budget : budget + 1]
         optimal = _near(values[0], target) & (keeps[0] == kept[i, budget])
         choices = ks[optimal]

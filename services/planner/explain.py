@@ -2,18 +2,15 @@
 
 For each job the explanation records the docs/design.md §4 terms of the chosen count (T, WAF,
 predicted downtime, G) and, for a few telling alternatives — no workers, one or two units
-fewer or more, what it holds now, its largest feasible count, its best count on its own — the
-expected reward of the best whole-cluster plan that makes that choice (:func:`dp.alternatives`,
-exact), so "why not more?" is answered with a number.
+fewer or more, what it holds now, its smallest and largest feasible counts, its best count on
+its own — the expected reward of the best whole-cluster plan that makes that choice under the
+same rules (:func:`.quotas.alternatives`, exact), so "why not more?" is answered with a number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from unicron.services.planner import dp
 from unicron.services.planner.api import KINDS, SOURCES, Curve, FloatArray, IntArray
 from unicron.services.planner.objective import JobTerms
 from unicron.shared.plans import Alternative, JobExplanation, ParallelConfig
@@ -41,15 +38,10 @@ def candidates(terms: JobTerms, chosen: int, keep: int) -> IntArray:
     picks = {0, chosen - 2, chosen - 1, chosen + 1, chosen + 2, keep}
     if feasible.size:
         picks |= {int(feasible[-1]), int(np.argmax(terms.rewards))}
+    if feasible.size > 1:  # its minimum: what a waiting job would start on
+        picks.add(int(feasible[1]))
     allowed = set(feasible.tolist())
     return np.array(sorted(k for k in picks if k != chosen and k in allowed), dtype=np.int64)
-
-
-def alternative_sets(
-    rewards: FloatArray, solution: dp.Solution, terms: Sequence[JobTerms], keep: Sequence[int]
-) -> tuple[list[IntArray], list[FloatArray]]:
-    ks = [candidates(t, int(u), k) for t, u, k in zip(terms, solution.units, keep, strict=True)]
-    return ks, dp.alternatives(rewards, solution, ks)
 
 
 def explain(

@@ -11,10 +11,10 @@ clock: the service passes ``now``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, replace
 
-from unicron.services.planner import dp
+from unicron.services.planner.allocation import allocate_units
 from unicron.services.planner.api import (
     ACTIVE_STATES,
     Calibration,
@@ -24,13 +24,24 @@ from unicron.services.planner.api import (
     NodeView,
     Objective,
     Orphan,
+    OutOfService,
 )
-from unicron.services.planner.explain import alternative_sets, explain
-from unicron.services.planner.objective import all_terms, keep_units, stack
+from unicron.services.planner.explain import explain
+from unicron.services.planner.fairness import PlanRules, waiting_since
+from unicron.services.planner.objective import all_terms
 from unicron.services.planner.placement import PlacementRequest, place
 from unicron.services.planner.spec import ModelShape
-from unicron.shared.models import FailureRecord, Job, JobState, NodeRecord, PlanAction, WorkerState
-from unicron.shared.plans import JobAllocation, Plan
+from unicron.services.planner.waiting import Waits
+from unicron.shared.models import (
+    FailureRecord,
+    Job,
+    JobState,
+    NodeRecord,
+    NodeState,
+    PlanAction,
+    WorkerState,
+)
+from unicron.shared.plans import Fairness, JobAllocation, Plan
 
 # A rank holds its slot until it is stopped or done: a crashed process's slot is where its
 # replacement restarts, so FAILED counts (its node must still be usable).
@@ -39,6 +50,7 @@ HOLDING = frozenset({WorkerState.LAUNCHING, WorkerState.RUNNING, WorkerState.FAI
 LIVE = frozenset({WorkerState.LAUNCHING, WorkerState.RUNNING})
 QUIET = frozenset({PlanAction.KEEP, PlanAction.WAIT})
 UNCALIBRATED = Calibration()
+WAF_ONLY = PlanRules()
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class PlanDraft:
     run_s: float = 0.0
     unit: int = 1
     planning_ms: float = 0.0
+    fairness: Fairness = Fairness.WAF
 
 
 def snapshot(
@@ -60,27 +73,43 @@ def snapshot(
     now: float,
     node_timeout_s: float,
     calibration: Calibration = UNCALIBRATED,
+    rules: PlanRules = WAF_ONLY,
 ) -> ClusterInputs:
     """The planning inputs: usable nodes by id, non-terminal jobs by submission time."""
     slowdown = dict(calibration.job_slowdown)
+    by_id = sorted(nodes, key=lambda n: n.id)
+    jobs = list(jobs)
+    recorded = {job.id for job in jobs}
     usable = tuple(
-        NodeView(n.id, n.slots)
-        for n in sorted(nodes, key=lambda n: n.id)
+        NodeView(n.id, max(0, n.slots - unrecorded_workers(n, recorded)))
+        for n in by_id
         if n.alive(now, node_timeout_s)
     )
     usable_ids = {n.node_id for n in usable}
+    out = tuple(
+        OutOfService(n.id, n.slots, "silent" if n.state == NodeState.READY else n.state.value)
+        for n in by_id
+        if n.id not in usable_ids
+    )
     views: list[JobView] = []
     orphans: list[Orphan] = []
     for job in sorted(jobs, key=lambda j: (j.submitted_at, j.id)):
         if not job.state.terminal:
-            views.append(job_view(job, usable_ids, slowdown.get(job.id, 1.0)))
+            view = job_view(job, usable_ids, slowdown.get(job.id, 1.0))
+            views.append(replace(view, waited_s=rules.counted_wait(job, now)))
             continue
         live = sum(w.state in LIVE for w in job.workers)
         if live:
             orphans.append(Orphan(job.id, job.state, job.generation, live))
     # Slowdowns now live in the demands; the rest of the calibration is cluster-wide.
     cluster_wide = replace(calibration, job_slowdown=())
-    return ClusterInputs(usable, tuple(views), tuple(orphans), cluster_wide)
+    return ClusterInputs(usable, tuple(views), tuple(orphans), cluster_wide, out)
+
+
+def unrecorded_workers(node: NodeRecord, recorded: Set[str]) -> int:
+    """Workers the node's agent runs for jobs that have no record (Redis lost it and the
+    executor has not rebuilt it yet, docs/design.md §6): their slots are taken all the same."""
+    return sum(worker.job_id not in recorded for worker in node.workers)
 
 
 def job_view(job: Job, usable: set[str], slowdown: float = 1.0) -> JobView:
@@ -107,7 +136,10 @@ def job_view(job: Job, usable: set[str], slowdown: float = 1.0) -> JobView:
         slowdown=slowdown,
     )
     failure = describe(job.last_failure) if faulted and job.last_failure else None
-    return JobView(demand, job.state, job.world_size, job.generation, ranks, failure)
+    return JobView(
+        demand, job.state, job.world_size, job.generation, ranks, failure,
+        tenant=job.tenant, waiting_since=waiting_since(job),
+    )  # fmt: skip
 
 
 def held_ranks(job: Job, usable: set[str]) -> tuple[str, ...]:
@@ -140,27 +172,33 @@ def run_time(rate_per_gpu_h: float, gpus: int) -> float:
     return 3600.0 / (rate_per_gpu_h * max(gpus, 1))
 
 
-def plan_cluster(inputs: ClusterInputs, objective: Objective) -> PlanDraft:
+def plan_cluster(
+    inputs: ClusterInputs, objective: Objective, rules: PlanRules = WAF_ONLY
+) -> PlanDraft:
     """Allocate, place, name and explain an action for every job, plus a STOP per orphan."""
     started = time.perf_counter()
     capacity = inputs.capacity
     objective = calibrated(objective, inputs)
     terms = all_terms([v.demand for v in inputs.jobs], capacity, objective)
-    rewards = stack(terms, capacity // objective.unit + 1)
-    keep = keep_units(terms)
-    solution = dp.optimise(rewards, keep)
-    ks, totals = alternative_sets(rewards, solution, terms, keep)
-    units = [int(u) for u in solution.units]
+    count = capacity // objective.unit
+    alloc = allocate_units(terms, inputs.jobs, rules, count, objective.unit)
+    units = alloc.units
     workers = [t.workers(u) for t, u in zip(terms, units, strict=True)]
     requests = [
         PlacementRequest(v.job_id, x, v.ranks, group=max(1, int(t.curve.tp[u])))
         for v, x, t, u in zip(inputs.jobs, workers, terms, units, strict=True)
     ]
     nodes = place(inputs.nodes, requests)
+    waits = Waits(inputs, terms, alloc, rules, objective.unit)
     allocations: list[JobAllocation] = []
     for i, view in enumerate(inputs.jobs):
-        why = explain(terms[i], units[i], ks[i], totals[i], solution.total)
+        why = explain(terms[i], units[i], alloc.ks[i], alloc.totals[i], alloc.total)
+        why.weight_factor = alloc.factors[i]
+        why.guaranteed_workers = terms[i].workers(alloc.reserved[i])
         action, reason = decide(view, workers[i], nodes[view.job_id], capacity)
+        waiting = waits.why(i) if workers[i] == 0 else None
+        if waiting:
+            reason = waiting[1] if action == PlanAction.WAIT else f"{reason}; waits: {waiting[1]}"
         allocations.append(
             JobAllocation(
                 job_id=view.job_id,
@@ -173,6 +211,8 @@ def plan_cluster(inputs: ClusterInputs, objective: Objective) -> PlanDraft:
                 predicted_throughput=why.predicted_throughput,
                 config=why.new_config,
                 explanation=why,
+                waiting_reason=waiting[0] if waiting else None,
+                waiting_since=view.waiting_since,
             )
         )
     waf = sum(a.explanation.predicted_waf for a in allocations if a.explanation)
@@ -180,8 +220,9 @@ def plan_cluster(inputs: ClusterInputs, objective: Objective) -> PlanDraft:
     elapsed_ms = (time.perf_counter() - started) * 1e3
     free = capacity - sum(workers)
     return PlanDraft(
-        allocations, free, waf, solution.total, objective.run_s, objective.unit, elapsed_ms
-    )
+        allocations, free, waf, alloc.total, objective.run_s, objective.unit, elapsed_ms,
+        rules.fairness,
+    )  # fmt: skip
 
 
 def decide(view: JobView, x: int, nodes: Sequence[str], capacity: int) -> tuple[PlanAction, str]:
@@ -189,9 +230,7 @@ def decide(view: JobView, x: int, nodes: Sequence[str], capacity: int) -> tuple[
     if view.state == JobState.PENDING:
         if x:
             return PlanAction.START, f"start on {x} workers"
-        if view.demand.min_workers > capacity:
-            return PlanAction.WAIT, f"needs {view.demand.min_workers} workers, {capacity} usable"
-        return PlanAction.WAIT, "waiting for free slots"
+        return PlanAction.WAIT, "waiting for free slots"  # the plan says why (.waiting)
     if view.failure is not None:
         if x == 0:
             return PlanAction.STOP, f"{view.failure}; no room to restart, back to waiting"

@@ -2,7 +2,8 @@
 
 A trigger text is short and human: the distinct events of a burst (the rest counted), or —
 for a reconcile pass that found the cluster changed without an event — what it saw change
-(a node became usable again after repair or quarantine, a node went away, a job appeared).
+(a node became usable again after repair or quarantine, a node went away, a job appeared,
+waiting jobs aged a step under the ``aging`` policy).
 """
 
 from __future__ import annotations
@@ -86,4 +87,7 @@ def changes(before: ClusterInputs, after: ClusterInputs, shown: int = 3) -> str:
     seen += [f"reconcile: job {j} gone" for j in sorted(old_jobs - new_jobs)]
     if not seen and before.calibration != after.calibration:
         seen.append("reconcile: calibration updated")
+    waited = {v.job_id: v.waited_s for v in before.jobs}
+    if not seen and any(waited.get(v.job_id, v.waited_s) != v.waited_s for v in after.jobs):
+        seen.append("reconcile: waiting jobs aged")
     return summarise(seen, "", shown) if seen else ""

@@ -10,8 +10,9 @@ Level-triggered: every planning pass rebuilds its inputs from Redis (records and
 so events only say *when* to look, never *what* is true. Event handlers mark the planner dirty
 and return at once; one planning task waits ``planner_debounce_s`` after the first trigger and
 plans once for the whole burst. A reconcile tick re-reads the cluster every
-``planner_reconcile_s`` and plans if the inputs changed, naming what it saw change. A plan is
-saved and announced only when it is news (``planning.needs_publish``).
+``planner_reconcile_s`` and plans if the inputs changed, naming what it saw change (under the
+``aging`` policy a waiting job's counted wait is an input, so it changes once an aging step). A
+plan is saved and announced only when it is news (``planning.needs_publish``).
 """
 
 from __future__ import annotations
@@ -71,9 +72,13 @@ class Planner:
         self.state = state
         self.settings = settings
         self.objective = settings.objective()
+        self.rules = settings.rules()
         self.clock = clock
         ttl = settings.planner_lease_ttl_s
-        self.lease = Lease(state.redis, PLANNER_LEASE, ttl, prefix=state.prefix)
+        self.lease = Lease(
+            state.redis, PLANNER_LEASE, ttl, prefix=state.prefix,
+            instance=settings.planner_instance,
+        )  # fmt: skip
         store = CalibrationStore(
             state.redis, settings.failure_prior, settings.planner_calibration_alpha
         )
@@ -126,7 +131,9 @@ class Planner:
         self.trigger(f"planner active (epoch {self.lease.epoch})")  # converge at once
         # Subscriptions live on a connection of their own: closing it ends them, so a standby
         # takes no events away from the active instance's durable consumers.
-        term_bus = await Bus.connect(self.settings.nats_url, source="unicron/planner")
+        term_bus = await Bus.connect(
+            self.settings.nats_url, "unicron/planner", access=self.settings.nats_access
+        )
         tasks: list[asyncio.Task[None]] = []
         try:
             await term_bus.consume(EVENTS_SUBJECT, DURABLE, parse_event, self.on_event)
@@ -185,7 +192,8 @@ class Planner:
         )
         if self.settings.planner_run_s is not None:  # a fixed D_run overrides the estimate
             calibration = replace(calibration, failure_rate_per_gpu_h=None)
-        return snapshot(nodes, jobs, self.clock(), self.settings.node_timeout_s, calibration)
+        timeout = self.settings.node_timeout_s
+        return snapshot(nodes, jobs, self.clock(), timeout, calibration, self.rules)
 
     async def plan_once(self, trigger: str) -> Plan | None:
         """Plan from the cluster as it is now; the published plan, or None if nothing new."""
@@ -195,12 +203,15 @@ class Planner:
         if trigger == RECONCILE and self._last_inputs is not None:
             trigger = changes(self._last_inputs, inputs) or trigger
         # The DP is O(m·n²): off the event loop, so acks and heartbeats keep flowing.
-        draft = await asyncio.to_thread(plan_cluster, inputs, self.objective)
+        draft = await asyncio.to_thread(plan_cluster, inputs, self.objective, self.rules)
         plan = None
         if not self.lease.held():
             log.warning("lease not held; plan dropped", trigger=trigger)
             return None
-        if needs_publish(draft, await self.state.latest_plan()):
+        latest = await self.state.latest_plan()
+        if latest is not None and latest.epoch < self.lease.epoch:
+            latest = None  # a fenced term's plan was refused: it is nobody's latest to repeat
+        if needs_publish(draft, latest):
             plan = await self._publish(draft, trigger, inputs)
         else:
             log.debug("nothing to change", trigger=trigger, jobs=len(inputs.jobs))
@@ -221,6 +232,7 @@ class Planner:
             run_s=draft.run_s,
             failure_rate_per_gpu_h=inputs.calibration.failure_rate_per_gpu_h,
             planning_ms=draft.planning_ms,
+            fairness=draft.fairness,
         )
         # Saved before announced: whoever hears of the plan can read it.
         await self.state.save_plan(plan)

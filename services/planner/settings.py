@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from unicron.services.planner.api import Objective, TransitionCost
 from unicron.services.planner.calibration import FailurePrior
 from unicron.services.planner.clusters import CLUSTERS
 from unicron.services.planner.costs import ConstantDowntime, ModelledDowntime
+from unicron.services.planner.fairness import PlanRules, TenantQuotas
 from unicron.services.planner.spec import ClusterSpec
 from unicron.services.planner.throughput import THROUGHPUT_MODELS
+from unicron.shared.plans import Fairness
 from unicron.shared.settings import CommonSettings
 
 # Llama 3 405B: 466 interruptions in 54 days on 16,384 H100 (docs/design.md §7).
 LLAMA3_FAILURES_PER_GPU_H = 466 / (54 * 24 * 16384)
+
+
+def quotas_of(text: str) -> TenantQuotas:
+    """``UNICRON_TENANT_QUOTAS`` parsed; ValueError says what is wrong with it."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"UNICRON_TENANT_QUOTAS is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError('UNICRON_TENANT_QUOTAS must be a JSON object like {"team-a": 16}')
+    try:
+        return TenantQuotas.parse(raw)
+    except ValueError as exc:
+        raise ValueError(f"UNICRON_TENANT_QUOTAS: {exc}") from None
 
 
 class PlannerSettings(CommonSettings):
@@ -43,6 +60,32 @@ class PlannerSettings(CommonSettings):
     planner_reconcile_s: float = Field(2.0, gt=0)
     # One active planner: the lease's TTL bounds how long a dead one blocks its standby.
     planner_lease_ttl_s: float = Field(3.0, gt=0)
+    # Set by a supervisor that never runs two of it at once (unicron up): a restarted planner
+    # of this instance takes its dead predecessor's lease at once (shared/lease.py).
+    planner_instance: str | None = Field(None, min_length=1, max_length=128)
+    # Against starvation (services/planner/fairness.py): waf, aging or guaranteed_min. Aging:
+    # a job that waited planner_aging_s counts twice, counted in whole steps of the clock.
+    planner_fairness: Fairness = Fairness.WAF
+    planner_aging_s: float = Field(86400.0, gt=0, allow_inf_nan=False)
+    planner_aging_step_s: float = Field(4 * 3600.0, gt=0, allow_inf_nan=False)
+    # ``UNICRON_TENANT_QUOTAS``: JSON {"team-a": 16, "*": 64}, the slots all of a tenant's jobs
+    # may hold together ("*": any tenant not named; none: unlimited), a multiple of the unit.
+    tenant_quotas: str = "{}"
+
+    @field_validator("tenant_quotas")
+    @classmethod
+    def _quotas_parse(cls, raw: str) -> str:
+        quotas_of(raw)  # a bad entry raises, naming it
+        return raw
+
+    @model_validator(mode="after")
+    def _quotas_in_units(self) -> Self:
+        unit = self.unit_slots
+        for quota in self.quotas.all():
+            if quota % unit:
+                raise ValueError(f"UNICRON_TENANT_QUOTAS: {quota} slots is not a multiple of "
+                                 f"the {unit} slots the planner hands out at once")  # fmt: skip
+        return self
 
     @property
     def cluster(self) -> ClusterSpec:
@@ -56,6 +99,19 @@ class PlannerSettings(CommonSettings):
             self.planner_failure_half_life_h,
         )
 
+    @property
+    def unit_slots(self) -> int:
+        return self.planner_unit_slots or self.cluster.unit_slots
+
+    @property
+    def quotas(self) -> TenantQuotas:
+        return quotas_of(self.tenant_quotas)
+
+    def rules(self) -> PlanRules:
+        return PlanRules(
+            self.planner_fairness, self.planner_aging_s, self.planner_aging_step_s, self.quotas
+        )
+
     def cost(self) -> TransitionCost:
         if self.planner_cost == "constant":
             restart, resize = self.planner_restart_s, self.planner_resize_s
@@ -67,5 +123,4 @@ class PlannerSettings(CommonSettings):
         cluster = self.cluster
         throughput = THROUGHPUT_MODELS.get(self.planner_throughput)(cluster)
         run_s = self.planner_run_s or 3600.0 / self.planner_failure_rate_per_gpu_h
-        unit = self.planner_unit_slots or cluster.unit_slots
-        return Objective(throughput, self.cost(), run_s, unit)
+        return Objective(throughput, self.cost(), run_s, self.unit_slots)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from unicron.services.planner.api import Calibration
+from unicron.services.planner.fairness import PlanRules
 from unicron.simulator.policies.bamboo import Bamboo
 from unicron.simulator.policies.base import Policy
 from unicron.simulator.policies.oobleck import Oobleck
@@ -26,16 +27,18 @@ def make_policy(
     calibration: Calibration,
     measured_plan_time: bool = False,
     baseline_allocation: str = "planner",
+    rules: PlanRules | None = None,
 ) -> Policy:
     """A fresh policy object (policies keep per-run state); ``baseline_allocation`` is how the
-    baselines split the cluster at the start: "planner" (Unicron's plan) or "fifo"."""
-    alloc = baseline_allocation
+    baselines split the cluster at the start: "planner" (Unicron's plan under ``rules``, the
+    planner's fairness policy and quotas) or "fifo"."""
+    alloc, plan = baseline_allocation, rules or PlanRules()
     factories: dict[str, Callable[[], Policy]] = {
-        "unicron": lambda: Unicron(calibration, measured=measured_plan_time),
-        "restart": lambda: Restart(alloc),
-        "oobleck": lambda: Oobleck(alloc),
-        "varuna": lambda: Varuna(alloc),
-        "bamboo": lambda: Bamboo(alloc),
+        "unicron": lambda: Unicron(calibration, measured=measured_plan_time, rules=plan),
+        "restart": lambda: Restart(alloc, plan),
+        "oobleck": lambda: Oobleck(alloc, plan),
+        "varuna": lambda: Varuna(alloc, plan),
+        "bamboo": lambda: Bamboo(alloc, plan),
     }
     if name not in factories:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(NAMES)}, all")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from unicron.services.planner.api import ClusterInputs, JobView, NodeView, Objective
 from unicron.services.planner.costs import ModelledDowntime
+from unicron.services.planner.fairness import PlanRules
 from unicron.services.planner.planning import plan_cluster
 from unicron.services.planner.throughput import MegatronThroughput
 from unicron.shared.models import JobState
@@ -103,7 +104,9 @@ def shard_bytes(config: ClusterConfig, run: JobRun, workers: int) -> float:
     return config.spec.state_bytes * shape.params / max(tp * pp, 1)
 
 
-def failure_free_plan(config: ClusterConfig, jobs: list[JobConfig]) -> dict[str, list[int]]:
+def failure_free_plan(
+    config: ClusterConfig, jobs: list[JobConfig], rules: PlanRules
+) -> dict[str, list[int]]:
     """Node of each rank per job in the planner's plan for the failure-free cluster."""
     spec = config.spec
     objective = Objective(
@@ -111,7 +114,7 @@ def failure_free_plan(config: ClusterConfig, jobs: list[JobConfig]) -> dict[str,
     )
     nodes = tuple(NodeView(node_name(n), config.gpus_per_node) for n in range(config.nodes))
     views = tuple(JobView(demand_of(j), JobState.PENDING, 0, 0) for j in jobs)
-    draft = plan_cluster(ClusterInputs(nodes, views), objective)
+    draft = plan_cluster(ClusterInputs(nodes, views), objective, rules)
     return {a.job_id: [int(n.rsplit("-", 1)[1]) for n in a.nodes] for a in draft.allocations}
 
 
@@ -121,16 +124,17 @@ class NodeOwnerPolicy(Policy):
     regrows: ClassVar[bool] = True  # a repaired node rejoins its job (elastic systems)
     takes_spares: ClassVar[bool] = True  # a job that lost a node takes a free one
 
-    def __init__(self, allocation: str = "planner") -> None:
+    def __init__(self, allocation: str = "planner", rules: PlanRules | None = None) -> None:
         self.hits = 0
         self.allocation = allocation
+        self.rules = rules or PlanRules()
 
     def start(self, sim: Simulation, runs: list[JobRun]) -> None:
         if self.allocation == "fifo":
             for run in runs:
                 self.on_arrival(sim, run)
             return
-        plan = failure_free_plan(sim.config, [r.config for r in runs])
+        plan = failure_free_plan(sim.config, [r.config for r in runs], self.rules)
         for run in runs:
             nodes = sorted(set(plan.get(run.name, [])))
             run.memo["home"] = set(nodes)

@@ -18,6 +18,10 @@ transition's downtime and lost work (the plan's own explanation) plus the planni
 comes from the trace's failure rate; transition factors from the same
 :class:`~services.planner.api.Calibration` the planner is fed.
 
+Fairness: the planner's rules (:class:`~services.planner.fairness.PlanRules`) apply as in the
+service. Under ``aging`` the policy wakes at every aging step of the clock, records each job's
+waiting so far (what the service reads from the job's history) and re-plans if any job waited.
+
 Planning time: by default a fixed ``plan_s`` (the planner's 0.1-s debounce plus a 1-s
 allowance), so a seed always gives the same result; the measured time of every planner call
 is reported in the summary, and ``measured=True`` charges it instead.
@@ -38,9 +42,11 @@ from unicron.services.planner.api import (
     Objective,
 )
 from unicron.services.planner.costs import ModelledDowntime
+from unicron.services.planner.fairness import PlanRules
 from unicron.services.planner.planning import PlanDraft, calibrated, plan_cluster
 from unicron.services.planner.throughput import MegatronThroughput
 from unicron.shared.models import JobState
+from unicron.shared.plans import Fairness
 from unicron.shared.taxonomy import Severity, severity_of
 from unicron.simulator.events import Kind
 from unicron.simulator.policies.base import Policy, detection_class
@@ -55,6 +61,7 @@ DEBOUNCE_S = 0.1
 HANG_MEAN_FACTOR = 3.0
 HANG_SLACK_S = 0.5
 PLAN_S = 0.1 + 1.0
+AGING = "aging step"  # the payload of the policy's wake-ups at each aging step
 
 
 def _index(name: str) -> int:
@@ -65,12 +72,18 @@ class Unicron(Policy):
     name = "unicron"
 
     def __init__(
-        self, calibration: Calibration, plan_s: float = PLAN_S, measured: bool = False
+        self,
+        calibration: Calibration,
+        plan_s: float = PLAN_S,
+        measured: bool = False,
+        rules: PlanRules | None = None,
     ) -> None:
         self.calibration, self.plan_s, self.measured = calibration, plan_s, measured
+        self.rules = rules or PlanRules()
         self.plan_ms: list[float] = []
         self.objective: Objective | None = None
         self.hits = 0
+        self.changes = 0  # a job's allocation changed by a plan (starts and stops included)
 
     def detect_s(self, failure: Failure, run: JobRun) -> float:
         kind = detection_class(failure.category)
@@ -91,10 +104,27 @@ class Unicron(Policy):
     # Events -----------------------------------------------------------------------------------
 
     def start(self, sim: Simulation, runs: list[JobRun]) -> None:
+        for run in runs:
+            run.memo["since"] = sim.now
         self.replan(sim, {})
+        if self.rules.fairness == Fairness.AGING:
+            sim.wake(self.rules.boundary(sim.now) + self.rules.aging_step_s, AGING)
 
     def on_arrival(self, sim: Simulation, run: JobRun) -> None:
+        run.memo["since"] = sim.now
         self.replan(sim, {})
+
+    def on_wake(self, sim: Simulation, payload: object) -> None:
+        """An aging step: count each job's waiting so far; re-plan if any job waited."""
+        if payload != AGING:
+            return
+        runs = sim.active()
+        aged = [r for r in runs if r.memo.get("waited", 0.0) != r.wait_s]
+        for run in aged:
+            run.memo["waited"] = run.wait_s
+        if aged:
+            self.replan(sim, {})
+        sim.wake(sim.now + self.rules.aging_step_s, AGING)
 
     def on_finish(self, sim: Simulation, run: JobRun) -> None:
         run.memo["ranks"], run.memo["world"] = [], 0
@@ -137,9 +167,11 @@ class Unicron(Policy):
     def view(self, sim: Simulation, run: JobRun, hit: bool) -> JobView:
         world = run.memo.get("world", 0)
         base = self.demand(run)
+        waited = run.memo.get("waited", 0.0)
         if world == 0:
             demand = replace(base, resume=bool(run.memo.get("ran")))
-            return JobView(demand, JobState.PENDING, 0, run.memo.get("gen", 0))
+            gen, since = run.memo.get("gen", 0), run.memo.get("since")
+            return JobView(demand, JobState.PENDING, 0, gen, waiting_since=since, waited_s=waited)
         ranks = tuple(n for n in run.memo["ranks"] if sim.cluster.up[_index(n)])
         lost = len(ranks) < world
         recovery = "reconfigure" if hit or lost else None
@@ -147,7 +179,8 @@ class Unicron(Policy):
             base, current=len(ranks), world_size=world, hit=hit or lost, recovery=recovery
         )
         failure = "node fault" if hit or lost else None
-        return JobView(demand, JobState.RUNNING, world, run.memo.get("gen", 0), ranks, failure)
+        gen = run.memo.get("gen", 0)
+        return JobView(demand, JobState.RUNNING, world, gen, ranks, failure, waited_s=waited)
 
     def replan(self, sim: Simulation, detect: dict[str, float]) -> None:
         runs = sim.active()
@@ -158,7 +191,7 @@ class Unicron(Policy):
         )
         views = tuple(self.view(sim, r, r.name in detect) for r in runs)
         draft = plan_cluster(
-            ClusterInputs(nodes, views, (), self.calibration), self._objective(sim)
+            ClusterInputs(nodes, views, (), self.calibration), self._objective(sim), self.rules
         )
         self.plan_ms.append(draft.planning_ms)
         self.apply(sim, runs, draft, detect)
@@ -180,6 +213,9 @@ class Unicron(Policy):
                 sim.hold(run, detect.get(run.name, 0.0) + plan_s + cost)
             if a.workers != run.memo.get("world", 0) or list(a.nodes) != run.memo.get("ranks"):
                 run.memo["gen"] = run.memo.get("gen", 0) + 1
+                self.changes += 1
+            if a.workers == 0 and run.memo.get("world", 0):  # preempted: it waits from now
+                run.memo["since"] = sim.now
             run.memo["world"], run.memo["ranks"] = a.workers, list(a.nodes)
             run.memo["ran"] = run.memo.get("ran", False) or a.workers > 0
             sim.set_workers(run, a.workers)
@@ -189,6 +225,7 @@ class Unicron(Policy):
         return {
             "job_hits": float(self.hits),
             "plans": float(len(self.plan_ms)),
+            "allocation_changes": float(self.changes),
             "plan_ms_p50": float(np.percentile(ms, 50)),
             "plan_ms_max": float(ms.max()),
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 import typer
@@ -16,10 +17,12 @@ from unicron.services.api.app import create_app
 from unicron.services.api.routes import plans
 from unicron.services.api.settings import ApiSettings
 from unicron.services.planner.api import Calibration
+from unicron.services.planner.fairness import PlanRules, TenantQuotas
 from unicron.services.planner.planning import plan_cluster, snapshot
 from unicron.services.planner.settings import PlannerSettings
 from unicron.shared.models import (
     FailureRecord,
+    HistoryEntry,
     Job,
     JobSpec,
     JobState,
@@ -129,3 +132,41 @@ async def test_plan_shows_each_job_and_explain_shows_why(api_url: str, state: St
 
     missing = await unicron("plan", "plan-nope", api_url=api_url)
     assert missing.exit_code == 2 and "plan-nope" in missing.output
+
+
+async def test_explain_says_why_a_job_waits_and_since_when(api_url: str, state: StateStore) -> None:
+    """A low-weight job waiting 5 h behind a heavy one of its tenant (a quota for another)."""
+    at = now()
+    nodes = [NodeRecord(id=f"node-{i}", slots=8, last_heartbeat=at) for i in range(2)]
+    heavy = Job(
+        id="job-1", name="heavy", state=JobState.RUNNING, generation=1, world_size=16,
+        spec=JobSpec(name="heavy", min_workers=8, max_workers=16, global_batch=512,
+                     micro_batch=1, model=GPT_1B, weight=4.0),
+        workers=[WorkerRecord(rank=r, node_id=f"node-{r // 8}", state=WorkerState.RUNNING)
+                 for r in range(16)],
+        submitted_at=at - 6 * 3600, tenant="team-b",
+    )  # fmt: skip
+    since = at - 5 * 3600
+    light = Job(
+        id="job-2", name="light", submitted_at=since, tenant="team-b",
+        history=[HistoryEntry(at=since, state=JobState.PENDING, reason="submitted")],
+        spec=JobSpec(name="light", min_workers=8, max_workers=8, global_batch=512,
+                     micro_batch=1, model=GPT_1B, weight=0.5),
+    )  # fmt: skip
+    rules = PlanRules(quotas=TenantQuotas.parse({"team-c": 0}))
+    inputs = snapshot(nodes, [heavy, light], at, 3.0, rules=rules)
+    draft = plan_cluster(inputs, PlannerSettings(planner_cluster="a100").objective(), rules)
+    plan = Plan(seq=1, allocations=draft.allocations, free_slots=draft.free_slots,
+                expected_reward=draft.expected_reward, run_s=draft.run_s,
+                fairness=draft.fairness)  # fmt: skip
+    await state.save_plan(plan)
+
+    explained = await unicron("plan", "--explain", api_url=api_url)
+    assert explained.exit_code == 0, explained.output
+    out = " ".join(explained.stdout.split())  # rich wraps long lines
+    clock = datetime.fromtimestamp(since).strftime("%H:%M:%S")
+    assert f"waiting since {clock} (5.0 h): lower value than the jobs that run" in out
+    assert "on 8 workers it would add" in out and "in job-1 (16→8 workers)" in out
+    assert "the best plan that starts it is short by" in out
+    assert "fairness waf" in out
+    print(explained.stdout)

@@ -17,7 +17,7 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.plans import JobAllocation, Plan
+from unicron.shared.plans import JobAllocation, Plan, WaitReason
 
 NOW = 10_000.0
 TIMEOUT = 3.0
@@ -162,7 +162,11 @@ def test_unusable_nodes_and_too_big_jobs() -> None:
              node("node-c").model_copy(update={"state": NodeState.DRAINED})]  # fmt: skip
     draft = plan(nodes, [job("job-1", lo=3, hi=3)])
     assert draft.free_slots == 2
-    assert by_job(draft)["job-1"].reason == "needs 3 workers, 2 usable"
+    got = by_job(draft)["job-1"]
+    assert got.reason == (
+        "needs 3 workers, 2 slots usable; out of service: node-b silent, node-c DRAINED (4 slots)"
+    )
+    assert got.waiting_reason == WaitReason.NODES_UNAVAILABLE
 
 
 def test_publishes_only_news() -> None:
