@@ -31,7 +31,7 @@ async def serve(name: str, settings: CommonSettings, body: ServiceBody) -> None:
     except CredentialsError as exc:  # retrying cannot help: say what to fix, and exit
         log.error("credentials refused", error=str(exc))
         raise SystemExit(2) from None
-    state = await StateStore.connect(settings.redis_url)
+    state = await StateStore.connect(settings.redis_url, job_retention_s=settings.job_retention_s)
     log.info("service started", nats=settings.nats_url, redis=redacted(settings.redis_url))
     try:
         await body(bus, state, stop)

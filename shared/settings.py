@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from unicron.shared.jobindex import JOB_RETENTION_S
 from unicron.shared.natsauth import CredentialsError, NatsTls
 from unicron.shared.natslogin import NatsAccess
 
@@ -40,6 +41,9 @@ class CommonSettings(BaseSettings):
     log_format: str = "console"
     heartbeat_interval_s: float = 1.0
     heartbeat_misses: int = 3
+    # How long a finished job stays readable and listed after it ended; then its record
+    # expires (every service that writes jobs sets it). Running and pending jobs never expire.
+    job_retention_s: float = Field(JOB_RETENTION_S, gt=0, le=10 * 365 * 86400, allow_inf_nan=False)
 
     @property
     def node_timeout_s(self) -> float:

@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from unicron.shared.jobindex import JOB_RETENTION_S
 from unicron.shared.settings import CommonSettings
 
 Role = Literal["admin", "user"]
@@ -42,9 +41,6 @@ class ApiSettings(CommonSettings):
     # The highest weight a "user" token may give a job: weight buys a share of the cluster
     # (docs/design.md §4), so one tenant must not outbid the rest. Admins are bounded by the spec.
     api_user_max_weight: float = Field(10.0, gt=0, le=1e6, allow_inf_nan=False)
-    # ``UNICRON_JOB_RETENTION_S``: how long a finished job stays readable and listed after it
-    # ended; then its record expires. Running and pending jobs never expire.
-    job_retention_s: float = Field(JOB_RETENTION_S, gt=0, le=10 * 365 * 86400, allow_inf_nan=False)
 
     @field_validator("api_tokens")
     @classmethod
