@@ -12,7 +12,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from unicron.shared.models import Job, JobSpec, JobState, NodeState, PlanAction, new_id, now
+from unicron.shared.models import (
+    FailureRecord,
+    Job,
+    JobSpec,
+    JobState,
+    NodeState,
+    PlanAction,
+    new_id,
+    now,
+)
 from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 EVENT_SUBJECT_PREFIX = "unicron.events."
@@ -86,6 +95,25 @@ class FailureDetected(EventData):
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.failure_id}"
+
+    def record(self, step: int | None) -> FailureRecord:
+        """The job's ``last_failure`` for this failure, hit at the job's ``step``."""
+        return FailureRecord(
+            failure_id=self.failure_id,
+            generation=self.generation,
+            kind=self.kind.value,
+            category=self.category.value,
+            severity=self.severity.value,
+            action=self.action.value,
+            rank=self.rank,
+            node_id=self.node_id,
+            observed_at=self.observed_at,
+            detected_at=self.detected_at,
+            step=step,
+            exc_type=self.exc_type,
+            message=self.message,
+            at=self.observed_at,
+        )
 
 
 class PlannedJob(BaseModel):

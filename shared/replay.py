@@ -32,7 +32,6 @@ from unicron.shared.events import (
     TransitionStarted,
 )
 from unicron.shared.models import (
-    FailureRecord,
     HistoryEntry,
     Job,
     JobState,
@@ -184,22 +183,7 @@ def _failure(job: Job, data: FailureDetected) -> None:
         return  # advisory, or not about the generation that runs
     if job.last_failure is not None and job.last_failure.generation == data.generation:
         return  # the detector records one failure per generation: the first
-    job.last_failure = FailureRecord(
-        failure_id=data.failure_id,
-        generation=data.generation,
-        kind=data.kind.value,
-        category=data.category.value,
-        severity=data.severity.value,
-        action=data.action.value,
-        rank=data.rank,
-        node_id=data.node_id,
-        observed_at=data.observed_at,
-        detected_at=data.detected_at,
-        step=job.step,
-        exc_type=data.exc_type,
-        message=data.message,
-        at=data.observed_at,
-    )
+    job.last_failure = data.record(job.step)
     if data.category == FailureCategory.SOFTWARE_OTHER:
         job.code_failures += 1
 

@@ -19,7 +19,7 @@ from unicron.services.detector.signals import Candidate
 from unicron.shared.bus import Bus
 from unicron.shared.events import FailureDetected, JobStateChanged
 from unicron.shared.logging import get_logger
-from unicron.shared.models import FailureRecord, Job, JobState
+from unicron.shared.models import Job, JobState
 from unicron.shared.state import StateStore
 from unicron.shared.taxonomy import (
     FailureCategory,
@@ -148,21 +148,7 @@ class FailureRecorder:
             marked = False
             if j.generation != failure.generation or _already_recorded(j, failure.generation):
                 return False
-            j.last_failure = FailureRecord(
-                failure_id=failure.failure_id,
-                generation=failure.generation,
-                kind=failure.kind.value,
-                category=failure.category.value,
-                severity=failure.severity.value,
-                action=failure.action.value,
-                rank=failure.rank,
-                node_id=failure.node_id,
-                observed_at=failure.observed_at,
-                step=j.step,
-                exc_type=failure.exc_type,
-                message=failure.message,
-                at=failure.observed_at,
-            )
+            j.last_failure = failure.record(j.step)
             fatal = _gives_up(j, failure, launch_failed)
             if fatal is not None:
                 j.set_state(JobState.FAILED, fatal)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,32 +14,11 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import TERMINAL, get_job, small_job, wait_for, wait_terminal
-from unicron.cli.stack import Stack, StackConfig
+from unicron.cli.stack import Stack
 from unicron.shared.embedded import EmbeddedServer
-from unicron.shared.procs import free_port
 
 REBUILD_BUDGET_S = 10.0
 STEPS = 150
-
-
-@pytest.fixture
-def stack(nats_url: str, redis_server: EmbeddedServer, tmp_path: Path) -> Iterator[Stack]:
-    config = StackConfig(
-        nodes=2,
-        slots=2,
-        nats_url=nats_url,
-        redis_url=redis_server.url,
-        api_port=free_port(),
-        data_dir=tmp_path / "stack",
-    )
-    with Stack(config) as running:
-        yield running
-
-
-@pytest.fixture
-def api(stack: Stack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stack.api_url, timeout=10) as client:
-        yield client
 
 
 class SlotWatch:
