@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from unicron.services.detector.signals import Candidate, root_cause
+from unicron.shared.outage import Outage, is_outage
 
 Emit = Callable[[Candidate], Awaitable[None]]
 # Given the candidates so far, how many more seconds to wait for a root cause (0: none).
@@ -52,14 +53,31 @@ class Correlator:
         extra = await self._hold(list(self._pending.get(key, [])))
         if extra > 0:
             await asyncio.sleep(extra)
-        await self._flush(key)
+        # No report is left to retry this one: it waits out an outage itself.
+        outage = Outage("failure record", component="detector")
+        while True:
+            try:
+                await self._flush(key)
+                return
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                outage.failed(exc)
+            await outage.pause()
 
     async def _flush(self, key: _Key) -> None:
         group = self._pending.pop(key, None)
         if not group:
             return
         self._done.add(key)
-        await self._emit(root_cause(group))
+        try:
+            await self._emit(root_cause(group))
+        except BaseException:
+            # Not recorded (Redis away, say): the bus hands the report back, and its retry
+            # must find the fault still pending, not already done.
+            self._done.discard(key)
+            self._pending[key] = group + self._pending.get(key, [])
+            raise
 
     async def close(self) -> None:
         for timer in list(self._timers):

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.detector.conftest import Cluster, next_event, no_event
+from unicron.services.detector.correlate import Correlator
+from unicron.services.detector.signals import Candidate
 from unicron.shared.bus import Bus
 from unicron.shared.events import CloudEvent
 from unicron.shared.models import NodeState
 from unicron.shared.reports import WorkerException, WorkerExited, WorkerHung
 from unicron.shared.state import StateStore
+from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 FOUR_RANKS = ["node-0", "node-0", "node-1", "node-1"]
+EXITED, RESET = FailureCategory.EXITED_ABNORMALLY, FailureCategory.CONNECTION_RESET
 
 
 def reset_by_peer(job: str, rank: int, node: str, gen: int = 1) -> WorkerException:
@@ -158,3 +164,48 @@ async def test_report_of_an_old_generation_is_ignored(
                      exit_code=None)
     )  # fmt: skip
     await no_event(events, "failure.detected", within_s=0.7)
+
+
+def crash(job: str, rank: int) -> Candidate:
+    return Candidate(job, 2, "node-0", rank, FailureKind.CRASH, EXITED, observed_at=1.0)
+
+
+async def test_a_fault_seen_while_redis_is_away_is_recorded_when_it_is_back() -> None:
+    """The bus hands a report back while its handler hits an outage; the retry must record
+    the fault, not find it already done (chaos run: two crashes lost at a Redis restart)."""
+    recorded: list[Candidate] = []
+    redis_up = False
+
+    async def emit(cause: Candidate) -> None:
+        if not redis_up:
+            raise ConnectionError("Error 111 connecting to Redis")
+        recorded.append(cause)
+
+    correlator = Correlator(0.01, emit)
+    with pytest.raises(ConnectionError):
+        await correlator.add(crash("job-c", 0))
+    redis_up = True
+    await correlator.add(crash("job-c", 0))  # the bus's retry of the same report
+    await correlator.add(crash("job-c", 1))  # a later report of the same fault: done
+    assert [(c.job_id, c.rank) for c in recorded] == [("job-c", 0)]
+
+
+async def test_a_held_secondary_fault_waits_out_an_outage_itself() -> None:
+    recorded: list[Candidate] = []
+    failures = 0
+    done = asyncio.Event()
+
+    async def emit(cause: Candidate) -> None:
+        nonlocal failures
+        if failures < 2:
+            failures += 1
+            raise ConnectionRefusedError()
+        recorded.append(cause)
+        done.set()
+
+    correlator = Correlator(0.01, emit)
+    reset = Candidate("job-d", 1, "node-0", 2, FailureKind.EXCEPTION, RESET, observed_at=1.0)
+    await correlator.add(reset)  # secondary: emitted by its timer, after the window
+    await asyncio.wait_for(done.wait(), 10)
+    assert failures == 2 and recorded == [reset]
+    await correlator.close()
