@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-all lint bench-detect bench-overhead bench-plan bench-recover bench-simulate up clean
+.PHONY: demo test test-slow test-all lint bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos up clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,9 @@ bench-recover: $(STAMP)
 
 bench-simulate: $(STAMP)
 	$(BIN)/python bench/simulate.py
+
+bench-chaos: $(STAMP)
+	$(BIN)/python bench/chaos.py
 
 clean:
 	rm -rf .unicron .pytest_cache .mypy_cache .ruff_cache
