@@ -52,7 +52,10 @@ def render_acl(logins: Iterable[tuple[ServiceUser, str]], read_only_keys: bool =
     ``read_only_keys`` needs Redis 7 (``%R~`` patterns); on Redis 6 an agent may also write
     the job and drill keys it reads.
     """
-    lines = ["user default off resetkeys resetchannels -@all"]
+    # Off, so nobody can log in as it; but Redis 7.0 replays the append-only file as the
+    # default user and re-checks each MULTI/EXEC against its rules (redis/redis#14541): with no
+    # keys or commands, a restart would drop every transaction the file holds.
+    lines = ["user default off resetchannels ~* &* +@all"]
     lines += [acl_line(user, password, read_only_keys) for user, password in logins]
     return "\n".join(lines) + "\n"
 

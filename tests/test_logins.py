@@ -75,6 +75,30 @@ async def test_a_service_keeps_its_state_but_cannot_flush_or_reconfigure(
     assert await api.get_job(job.id) is not None
 
 
+async def test_transactions_survive_a_kill_9_of_a_redis_with_users(
+    acl_redis: EmbeddedServer,
+) -> None:
+    """Redis 7.0 replays its append-only file as the default user (redis/redis#14541): with
+    that user stripped of every key, the restart dropped every MULTI/EXEC in the file."""
+    api = await StateStore.connect(url_of(acl_redis, API), 5)
+    await api.create_job(Job(id="job-1", name="a", spec=JobSpec(name="a")))
+    await api.update_job("job-1", _renamed)  # WATCH/MULTI/EXEC
+    await api.put_node(NodeRecord(id="node-0", slots=2))
+    await api.close()
+    acl_redis.process.kill()  # no shutdown save: only the append-only file
+    acl_redis.process.wait()
+    acl_redis.restart()
+    api = await StateStore.connect(url_of(acl_redis, API), 5)
+    try:
+        job, nodes = await api.get_job("job-1"), await api.list_nodes()
+    finally:
+        await api.close()
+    assert job is not None and job.name == "forged"
+    assert [n.id for n in nodes] == ["node-0"]
+    with pytest.raises(CredentialsError):  # and the default user still cannot log in
+        await check_login(acl_redis.url)
+
+
 async def test_an_agent_reads_jobs_and_writes_only_its_own_node(
     stores: dict[ServiceUser, StateStore],
 ) -> None:
