@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from bench.chaos_plan import INFRA
 from bench.chaos_records import ActionRecord, Injection
 
 Event = dict[str, Any]
@@ -36,6 +37,9 @@ EXPECTED_KIND = {"crash": "crash", "exit": "exit", "exception": "exception", "ha
 # still be recovering, and no fault was injected into them meanwhile (they were not whole).
 AGENT_GRACE_S = 60.0
 HEARTBEAT_SLACK_S = 5.0  # a node's last heartbeat before its agent was killed
+# The API answering again after a server restart does not mean every client has reconnected
+# (each backs off on its own): the outage's reach is counted this much longer.
+RECONNECT_TAIL_S = 5.0
 # A failure this long after the bench saw the job whole again is a new one, not the fault's.
 RECOVERED_GRACE_S = 2.0
 
@@ -160,11 +164,14 @@ def _overlaps(outcome: FaultOutcome, actions: list[ActionRecord]) -> list[str]:
         return []
     start = outcome.failures[0]["observed_at"]
     end = start + outcome.recovered_in
-    return [
-        a.plan.target
-        for a in actions
-        if a.killed_at <= end and (a.back_at or a.restarted_at) >= start
-    ]
+    found = []
+    for a in actions:
+        back = a.back_at or a.restarted_at
+        if a.plan.target in INFRA:
+            back += RECONNECT_TAIL_S
+        if a.killed_at <= end and back >= start:
+            found.append(a.plan.target)
+    return found
 
 
 def audit(events: list[Event], injections: list[Injection], actions: list[ActionRecord]) -> Audit:

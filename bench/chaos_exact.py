@@ -6,7 +6,7 @@ The failure-free run is the same spec run once on the same stack before any faul
 checkpoint and ledger the same way (``tests/e2e/test_train_api_job.py`` compares them alike).
 The data order is a pure function of (seed, step, micro-batch), so a regroup does not change
 the update (docs/design.md §5); it may change the order of float sums when ranks take over
-other ranks' micro-batches, hence the relative tolerance of ``tests/trainer/test_regroup.py``.
+other ranks' micro-batches, hence a relative tolerance (as ``tests/trainer/test_regroup.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ import torch
 from unicron.trainer.checkpoint import checkpoint_path
 from unicron.trainer.ledger import LedgerEntry, read_ledger
 
-RELATIVE_TOLERANCE = 1e-5
+# The order of float sums alone moves a failure-free 2000-step run of the script workload by
+# 3.6e-5 between world sizes 1 and 2 (the GPT by under 5e-6): differences below this bound are
+# that noise, while a lost or repeated update shows up orders of magnitude above it.
+RELATIVE_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
