@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from unicron.shared.events import FailureDetected
 from unicron.shared.models import (
-    FailureRecord,
     Job,
     JobState,
     NodeRecord,
@@ -103,20 +103,20 @@ def _lost(job: Job, lost: list[WorkerRecord], at: float) -> None:
     the job as it would after the detector's (its survivors re-form in place)."""
     first = lost[0]
     ranks = ", ".join(str(w.rank) for w in lost)
-    job.last_failure = FailureRecord(
+    why = f"rank(s) {ranks} found neither running nor finished when the records were rebuilt"
+    job.last_failure = FailureDetected(
         failure_id=f"{job.id}:{job.generation}",
-        generation=job.generation,
-        kind=FailureKind.EXIT.value,
-        category=FailureCategory.EXITED_ABNORMALLY.value,
-        severity=Severity.SEV2.value,
-        action=RecoveryAction.RESTART.value,
-        rank=first.rank,
+        job_id=job.id,
         node_id=first.node_id or None,
+        rank=first.rank,
+        generation=job.generation,
+        kind=FailureKind.EXIT,
+        category=FailureCategory.EXITED_ABNORMALLY,
+        severity=Severity.SEV2,
+        action=RecoveryAction.RESTART,
         observed_at=at,
-        step=job.step,
-        message=f"rank(s) {ranks} found neither running nor finished when the records were rebuilt",
-        at=at,
-    )
+        message=why,
+    ).record(job.step)
     job.set_state(
         JobState.RECOVERING, f"rebuild: rank(s) {ranks} of generation {job.generation} lost"
     )
