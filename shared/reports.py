@@ -113,6 +113,11 @@ class WorkerException(_WorkerMessage):
     launch_failed: bool = Field(
         False, description="the agent could not execute the job's command: no restart can help"
     )
+    parked: bool = Field(
+        False,
+        description="the rank lives on, parked with its memory until a regroup (a peer's "
+        "failure broke its collective); otherwise the process exits after this report",
+    )
 
 
 AnyWorkerReport = (

@@ -17,6 +17,7 @@ directory.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -133,16 +134,17 @@ class Runtime:
             group=group,
             device=self.device,
             join=self.join,
-            report_failure=self.report,
+            report_failure=functools.partial(self.report, parked=True),
             park_timeout_s=self.options.park_timeout_s,
         )
         rank.resume()
         return rank
 
-    def report(self, exc: BaseException) -> bool:
+    def report(self, exc: BaseException, parked: bool = False) -> bool:
         """Classify ``exc`` and send it as this rank's ``WorkerException``, unless it (or an
-        exception it was raised from) was already reported or explained. True when the
-        traceback of ``exc`` itself is on stderr (printed now or before)."""
+        exception it was raised from) was already reported or explained; ``parked`` when the
+        rank stays alive, waiting for a regroup. True when the traceback of ``exc`` itself is
+        on stderr (printed now or before)."""
         if any(exc is done for done in self._reported):
             return not isinstance(exc, ParkExpired)
         self._reported.append(exc)
@@ -169,6 +171,7 @@ class Runtime:
                 message=text[:MESSAGE_LIMIT],
                 category=category.value,
                 step=step,
+                parked=parked,
             )
         )
         return True

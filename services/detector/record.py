@@ -72,6 +72,9 @@ class FailureRecorder:
 
     def _grade(self, job: Job, cause: Candidate) -> tuple[Severity, RecoveryAction, dict[str, str]]:
         severity, action = severity_of(cause.category)
+        if action == RecoveryAction.REATTEMPT and not cause.lives_on:
+            # The rank's process is gone or on its way out: there is no one to reattempt.
+            action = RecoveryAction.RESTART
         last = job.last_failure
         # A recovery that trained on for ``escalation_steps`` worked: what fails later is a
         # new fault, not the same one coming back.

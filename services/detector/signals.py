@@ -62,8 +62,17 @@ class Candidate:
         return self.evidence.get("process_state") == "T"
 
     @property
+    def lives_on(self) -> bool:
+        """The rank's process stays, parked with its memory for a regroup (a peer broke its
+        collective): the one kind of failed rank a reattempt can take back in place."""
+        return self.kind == FailureKind.EXCEPTION and bool(self.evidence.get("parked"))
+
+    @property
     def priority(self) -> tuple[int, int, float]:
-        return (0 if self.secondary else 1, _KIND_RANK[self.kind], -self.observed_at)
+        # A rank that parked is alive and waiting: whatever else was seen explains more,
+        # even an exit with code 1 (which alone looks secondary too).
+        tier = 2 if not self.secondary else 0 if self.lives_on else 1
+        return (tier, _KIND_RANK[self.kind], -self.observed_at)
 
 
 def from_exit(report: WorkerExited) -> Candidate | None:
@@ -102,6 +111,7 @@ def from_exception(report: WorkerException) -> Candidate:
             "message": report.message[:2000],
             "step": report.step,
             "launch_failed": report.launch_failed,
+            "parked": report.parked,
         },
     )
 

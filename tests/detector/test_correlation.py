@@ -23,7 +23,7 @@ EXITED, RESET = FailureCategory.EXITED_ABNORMALLY, FailureCategory.CONNECTION_RE
 def reset_by_peer(job: str, rank: int, node: str, gen: int = 1) -> WorkerException:
     return WorkerException(
         node_id=node, job_id=job, generation=gen, rank=rank, pid=1000 + rank,
-        exc_type="RuntimeError", category="connection_reset",
+        exc_type="RuntimeError", category="connection_reset", parked=True,
         message="[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
         "[127.0.0.1]:41234: Connection reset by peer",
     )  # fmt: skip
@@ -67,6 +67,35 @@ async def test_connection_errors_alone_are_a_sev3_reattempt(
     job = await state.get_job("job-b")
     assert job is not None and job.state.value == "RECOVERING"
     assert job.last_failure is not None and job.last_failure.category == "connection_reset"
+
+
+async def test_a_network_error_the_rank_exits_on_is_restarted_not_reattempted(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    # Raised by the rank's own code, not in a collective: it does not park but exits, so a
+    # reattempt in place would wait for a rank that is gone.
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-x", ["node-0", "node-0"])
+    exiting = reset_by_peer("job-x", 1, "node-0").model_copy(update={"parked": False})
+    await bus.publish_report(exiting)
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["rank"], failure["severity"], failure["action"]) == (1, "SEV3", "restart")
+
+
+async def test_an_exit_with_code_1_is_blamed_before_its_parked_peers(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    for node in ("node-0", "node-1"):
+        await cluster.add_node(node)
+    await cluster.add_job("job-e", FOUR_RANKS)
+    for rank in (0, 2, 3):  # alive and parked, the in-band reports come first
+        await bus.publish_report(reset_by_peer("job-e", rank, FOUR_RANKS[rank]))
+    await bus.publish_report(
+        WorkerExited(node_id="node-0", job_id="job-e", generation=1, rank=1, pid=1001,
+                     exit_code=1)
+    )  # fmt: skip
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["kind"], failure["rank"], failure["action"]) == ("exit", 1, "restart")
 
 
 async def test_in_band_exception_keeps_its_category(

@@ -117,8 +117,11 @@ class Executor:
         return found
 
     def failed(self, generation: int, ranks: set[int]) -> None:
-        """Wait for the exceptions the survivors of ``generation`` report when peers die."""
+        """Wait for the exceptions the survivors of ``generation`` report when peers die; each
+        says the rank parked (it stays for a regroup), which is what makes a reattempt possible."""
         self.until(lambda _: {r["rank"] for r in self.of("worker_exception", generation)} >= ranks)
+        reports = [r for r in self.of("worker_exception", generation) if r["rank"] in ranks]
+        assert all(r["parked"] for r in reports), reports
 
     def finish(self, pids: list[int], timeout_s: float = 60.0) -> list[int | None]:
         """Exit codes of ``pids`` once they end (their stderr is kept in ``self.stderr``)."""
