@@ -6,8 +6,10 @@ running mean of its step time: the median of its last few reported ``iteration_s
 gaps between the steps as the agent saw them (whichever is larger), so one slow step — a
 checkpoint, a GC pause — moves it not at all. Before the first step the floor is
 ``hang_startup_s`` (imports, rendezvous, checkpoint load) and until a few steps are seen it is
-``hang_warmup_s``; while the worker says it is writing a checkpoint it is ``hang_checkpoint_s``,
-and the checkpoint's time does not count against the step after it.
+``hang_warmup_s``, again after each re-formation in place (the new group's first steps wait
+for a joiner's first compute and a busy node's new processes); while the worker says it is
+writing a checkpoint it is ``hang_checkpoint_s``, and the checkpoint's time does not count
+against the step after it.
 
 A hung worker is reported once per (job, generation, rank, last step) as ``WorkerHung`` with
 its ``/proc`` state (``T``: stopped by a signal, which never shows up as an exit) and the phase
@@ -47,6 +49,7 @@ class Track:
     iterations: deque[float] = field(init=False)
     gaps: deque[float] = field(init=False)
     steps: int = 0
+    fresh_steps: int = 0  # steps since the worker started or last re-formed
     last_step: int | None = None
     phase: str | None = None
     suspect_at: float | None = None  # the check that first found it silent for too long
@@ -107,6 +110,7 @@ class HangWatch:
         ident = WorkerKey(report.job_id, report.generation, report.rank)
         if ident != track.ident:  # re-formed in place: that is progress, with a fresh clock
             track.ident, track.since, track.reported = ident, at, False
+            track.fresh_steps = 0
         if isinstance(report, WorkerPhase):
             if track.phase == "checkpoint" and report.phase != "checkpoint":
                 track.since = at  # a checkpoint is not part of a step: its time must not count
@@ -116,6 +120,7 @@ class HangWatch:
             track.gaps.append(at - track.since)
         track.iterations.append(report.iteration_s)
         track.steps += 1
+        track.fresh_steps += 1
         track.since, track.last_step, track.phase = at, report.step, None
         track.suspect_at, track.reported, track.rejoining = None, False, False
 
@@ -125,6 +130,7 @@ class HangWatch:
         track = self._track(worker)
         track.ident, track.since, track.phase = worker.current, self.clock(), None
         track.suspect_at, track.reported, track.rejoining = None, False, True
+        track.fresh_steps = 0
 
     # --- the decision ----------------------------------------------------------------------
 
@@ -136,7 +142,7 @@ class HangWatch:
             limit = s.hang_startup_s
         else:
             limit = max(s.hang_factor * mean, mean + s.hang_margin_s)
-            if track.steps < s.hang_warmup_steps:
+            if track.fresh_steps < s.hang_warmup_steps:
                 limit = max(limit, s.hang_warmup_s)
         if track.phase == "checkpoint":
             limit = max(limit, s.hang_checkpoint_s)
