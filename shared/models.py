@@ -215,5 +215,10 @@ class NodeRecord(BaseModel):
         default_factory=list, description="the worker processes its agent runs, by heartbeat"
     )
 
-    def alive(self, at: float, timeout_s: float) -> bool:
-        return self.state == NodeState.READY and at - self.last_heartbeat <= timeout_s
+    def silent_s(self, at: float, heard_since: float = 0.0) -> float:
+        """Seconds without a heartbeat at ``at``, counted from ``heard_since`` at the earliest:
+        when the observer could first have heard one (see :mod:`shared.hearing`)."""
+        return at - max(self.last_heartbeat, heard_since)
+
+    def alive(self, at: float, timeout_s: float, heard_since: float = 0.0) -> bool:
+        return self.state == NodeState.READY and self.silent_s(at, heard_since) <= timeout_s

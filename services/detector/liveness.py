@@ -16,6 +16,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
 from unicron.shared.bus import Bus
+from unicron.shared.hearing import Hearing
 from unicron.shared.messages import ping_subject
 from unicron.shared.models import NodeState, WorkerState, now
 from unicron.shared.state import StateStore
@@ -23,10 +24,13 @@ from unicron.shared.taxonomy import FailureKind
 
 
 class Liveness:
-    def __init__(self, bus: Bus, state: StateStore, settings: DetectorSettings) -> None:
+    def __init__(
+        self, bus: Bus, state: StateStore, settings: DetectorSettings, hearing: Hearing
+    ) -> None:
         self.bus = bus
         self.state = state
         self.settings = settings
+        self.hearing = hearing
 
     async def answers(self, node_id: str) -> bool:
         try:
@@ -63,6 +67,6 @@ class Liveness:
             node = await self.state.get_node(node_id)
             if node is None or node.state != NodeState.READY:
                 continue  # already judged; its candidate is on its way
-            remaining = self.settings.node_timeout_s - (now() - node.last_heartbeat)
+            remaining = self.settings.node_timeout_s - self.hearing.silent_s(node, now())
             waits.append(remaining + 2 * self.settings.node_check_interval_s)
         return max(0.0, min(max(waits, default=0.0), self.settings.node_timeout_s + 1.0))

@@ -1,5 +1,8 @@
 """Node health from agent heartbeats: a node silent for ``heartbeat_misses`` intervals is lost.
 
+Silence counts only while the detector could have heard the node (:mod:`shared.hearing`): a
+Redis outage or a restart of the detector is no node's fault.
+
 A lost node is marked LOST (so the planner stops using it), ``node.lost`` is published, and every
 job with a worker of its running generation on that node gets a SEV1 failure candidate. A
 QUARANTINED or DRAINED node that falls silent keeps its state, but its jobs' workers there are
@@ -12,6 +15,7 @@ from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.signals import Candidate
 from unicron.shared.bus import Bus
 from unicron.shared.events import NodeLost
+from unicron.shared.hearing import Hearing
 from unicron.shared.logging import get_logger
 from unicron.shared.models import NodeRecord, NodeState, WorkerState, now
 from unicron.shared.state import StateStore
@@ -22,12 +26,12 @@ _LIVE_WORKER = (WorkerState.LAUNCHING, WorkerState.RUNNING)
 
 class NodeMonitor:
     def __init__(
-        self, bus: Bus, state: StateStore, correlator: Correlator, timeout_s: float
+        self, bus: Bus, state: StateStore, correlator: Correlator, hearing: Hearing
     ) -> None:
         self.bus = bus
         self.state = state
         self.correlator = correlator
-        self.timeout_s = timeout_s
+        self.hearing = hearing
         # When the next READY node falls silent if no heartbeat comes first: the service wakes
         # then instead of a whole polling interval later, so a loss is seen on time.
         self.next_due = float("inf")
@@ -35,14 +39,16 @@ class NodeMonitor:
 
     async def check(self) -> list[str]:
         """Mark every newly silent node lost; returns their ids."""
-        at = now()
+        nodes = await self.hearing.nodes(self.state)
+        at, timeout = now(), self.hearing.timeout_s
         lost = []
         due = float("inf")
-        for node in await self.state.list_nodes():
+        for node in nodes:
             if node.state == NodeState.LOST:
                 continue
-            if at - node.last_heartbeat <= self.timeout_s:
-                due = min(due, node.last_heartbeat + self.timeout_s)
+            silent = self.hearing.silent_s(node, at)
+            if silent <= timeout:
+                due = min(due, at - silent + timeout)
                 self._silent_out.discard((node.id, node.boot_id))
             elif node.state == NodeState.READY:
                 if await self._mark_lost(node.id, at):
@@ -63,12 +69,12 @@ class NodeMonitor:
         await self._fail_jobs_on(node)
 
     async def _mark_lost(self, node_id: str, at: float) -> bool:
-        marked = False
+        marked, timeout = False, self.hearing.timeout_s
 
         def mark(node: NodeRecord) -> bool:
             nonlocal marked
             # Re-checked inside the transaction: a heartbeat may have arrived meanwhile.
-            marked = node.state == NodeState.READY and at - node.last_heartbeat > self.timeout_s
+            marked = node.state == NodeState.READY and self.hearing.silent_s(node, at) > timeout
             if marked:
                 node.state = NodeState.LOST
             return marked
@@ -77,7 +83,7 @@ class NodeMonitor:
         if updated is None or not marked:
             return False
         get_logger(node_id=node_id).warning(
-            "node lost", silent_s=round(at - updated.last_heartbeat, 3)
+            "node lost", silent_s=round(self.hearing.silent_s(updated, at), 3)
         )
         await self.bus.publish_event(
             NodeLost(

@@ -19,6 +19,7 @@ from unicron.services.detector.signals import Candidate, from_exception, from_ex
 from unicron.services.detector.stragglers import StragglerWatch
 from unicron.shared.bus import Bus
 from unicron.shared.claims import ReportClaims
+from unicron.shared.hearing import Hearing
 from unicron.shared.logging import get_logger
 from unicron.shared.models import JobState, WorkerState, now
 from unicron.shared.outage import Outage
@@ -44,9 +45,10 @@ class Detector:
         self.settings = settings
         self.health = NodeHealth(bus, state, settings)
         self.recorder = FailureRecorder(bus, state, settings, self.health)
-        self.liveness = Liveness(bus, state, settings)
+        hearing = Hearing(settings.node_timeout_s)
+        self.liveness = Liveness(bus, state, settings, hearing)
         self.correlator = Correlator(settings.correlation_window_s, self._emit, self.liveness.hold)
-        self.nodes = NodeMonitor(bus, state, self.correlator, settings.node_timeout_s)
+        self.nodes = NodeMonitor(bus, state, self.correlator, hearing)
         # Stragglers are advisory: they bypass correlation so a later fault is still reported.
         self.stragglers = StragglerWatch(settings, self._emit)
 

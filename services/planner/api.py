@@ -206,7 +206,7 @@ class JobView:
 
 @dataclass(frozen=True)
 class OutOfService:
-    """A node the plan cannot use, and why (its state, or "silent": heartbeats stopped)."""
+    """A node the plan cannot use, and why (its state: LOST, QUARANTINED, DRAINED)."""
 
     node_id: str
     slots: int

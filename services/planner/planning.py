@@ -71,11 +71,14 @@ def snapshot(
     nodes: Iterable[NodeRecord],
     jobs: Iterable[Job],
     now: float,
-    node_timeout_s: float,
     calibration: Calibration = UNCALIBRATED,
     rules: PlanRules = WAF_ONLY,
 ) -> ClusterInputs:
-    """The planning inputs: usable nodes by id, non-terminal jobs by submission time."""
+    """The planning inputs: usable nodes by id, non-terminal jobs by submission time.
+
+    A node is usable while READY: whether it still beats is the detector's call, made from
+    what it could hear (:mod:`shared.hearing`); a planner reading heartbeats itself would read
+    every node as silent the moment Redis came back from an outage."""
     slowdown = dict(calibration.job_slowdown)
     by_id = sorted(nodes, key=lambda n: n.id)
     jobs = list(jobs)
@@ -83,14 +86,10 @@ def snapshot(
     usable = tuple(
         NodeView(n.id, max(0, n.slots - unrecorded_workers(n, recorded)))
         for n in by_id
-        if n.alive(now, node_timeout_s)
+        if n.state == NodeState.READY
     )
     usable_ids = {n.node_id for n in usable}
-    out = tuple(
-        OutOfService(n.id, n.slots, "silent" if n.state == NodeState.READY else n.state.value)
-        for n in by_id
-        if n.id not in usable_ids
-    )
+    out = tuple(OutOfService(n.id, n.slots, n.state.value) for n in by_id if n.id not in usable_ids)
     views: list[JobView] = []
     orphans: list[Orphan] = []
     for job in sorted(jobs, key=lambda j: (j.submitted_at, j.id)):

@@ -192,8 +192,7 @@ class Planner:
         )
         if self.settings.planner_run_s is not None:  # a fixed D_run overrides the estimate
             calibration = replace(calibration, failure_rate_per_gpu_h=None)
-        timeout = self.settings.node_timeout_s
-        return snapshot(nodes, jobs, self.clock(), timeout, calibration, self.rules)
+        return snapshot(nodes, jobs, self.clock(), calibration, self.rules)
 
     async def plan_once(self, trigger: str) -> Plan | None:
         """Plan from the cluster as it is now; the published plan, or None if nothing new."""

@@ -39,7 +39,7 @@ async def planned(state: StateStore) -> Plan:
     """A real plan: one job started on a two-slot node, explained."""
     nodes = [NodeRecord(id="node-a", slots=2)]
     jobs = [Job(id="job-1", name="job-1", spec=JobSpec(name="job-1", max_workers=2))]
-    draft = plan_cluster(snapshot(nodes, jobs, now(), 3.0), PlannerSettings().objective())
+    draft = plan_cluster(snapshot(nodes, jobs, now()), PlannerSettings().objective())
     plan = Plan(seq=1, epoch=1, trigger="job.submitted job-1", allocations=draft.allocations)
     await state.save_plan(plan)
     return plan

@@ -94,7 +94,7 @@ def gpu_cluster() -> tuple[list[NodeRecord], list[Job]]:
 async def explained_plan(state: StateStore) -> Plan:
     nodes, jobs = gpu_cluster()
     calibration = Calibration(failure_rate_per_gpu_h=0.05)
-    inputs = snapshot(nodes, jobs, now(), 3.0, calibration)
+    inputs = snapshot(nodes, jobs, now(), calibration)
     draft = plan_cluster(inputs, PlannerSettings(planner_cluster="a100").objective())
     plan = Plan(
         seq=7, epoch=2, trigger="failure.detected job-1", allocations=draft.allocations,
@@ -154,7 +154,7 @@ async def test_explain_says_why_a_job_waits_and_since_when(api_url: str, state: 
                      micro_batch=1, model=GPT_1B, weight=0.5),
     )  # fmt: skip
     rules = PlanRules(quotas=TenantQuotas.parse({"team-c": 0}))
-    inputs = snapshot(nodes, [heavy, light], at, 3.0, rules=rules)
+    inputs = snapshot(nodes, [heavy, light], at, rules=rules)
     draft = plan_cluster(inputs, PlannerSettings(planner_cluster="a100").objective(), rules)
     plan = Plan(seq=1, allocations=draft.allocations, free_slots=draft.free_slots,
                 expected_reward=draft.expected_reward, run_s=draft.run_s,

@@ -1,5 +1,6 @@
 """Node loss from heartbeats: declared when the node's silence passes the timeout, not at the
-next polling tick."""
+next polling tick, and never for silence the detector could not have heard (Redis away, the
+detector itself down)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ import asyncio
 import time
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.detector.conftest import Cluster, next_event
+from unicron.services.detector.correlate import Correlator
+from unicron.services.detector.nodes import NodeMonitor
 from unicron.services.detector.settings import DetectorSettings
+from unicron.services.detector.signals import Candidate
+from unicron.shared.bus import Bus
+from unicron.shared.embedded import EmbeddedServer
 from unicron.shared.events import CloudEvent
+from unicron.shared.hearing import Hearing
 from unicron.shared.models import NodeRecord, NodeState, now
 from unicron.shared.state import StateStore
 
@@ -58,3 +66,39 @@ async def test_a_silent_quarantined_node_fails_its_workers_and_stays_quarantined
     assert (failure["kind"], failure["node_id"], failure["rank"]) == ("node_lost", "node-1", 1)
     node = await state.get_node("node-1")
     assert node is not None and node.state == NodeState.QUARANTINED
+
+
+async def test_silence_while_redis_was_away_is_no_nodes_fault(
+    bus: Bus, redis_server: EmbeddedServer, redis_url: str
+) -> None:
+    state = await StateStore.connect(redis_url)
+    hearing = Hearing(timeout_s=0.6)
+    monitor = NodeMonitor(bus, state, Correlator(0.05, _ignore), hearing)
+    await state.put_node(NodeRecord(id="node-0", slots=2, last_heartbeat=now()))
+    assert await monitor.check() == []
+    await asyncio.to_thread(redis_server.stop)
+    with pytest.raises(RedisConnectionError):
+        await monitor.check()
+    await asyncio.sleep(1.0)  # an outage longer than the node timeout: no beat can land
+    await asyncio.to_thread(redis_server.restart)  # with its data: the record's beat is old
+    assert await monitor.check() == []
+    node = await state.get_node("node-0")
+    assert node is not None and node.state == NodeState.READY
+    # Heard from since the outage ended: from now on its silence counts.
+    await asyncio.sleep(0.7)
+    assert await monitor.check() == ["node-0"]
+    await state.close()
+
+
+async def test_a_restarted_detector_counts_silence_from_its_start(
+    bus: Bus, state: StateStore
+) -> None:
+    await state.put_node(NodeRecord(id="node-1", slots=2, last_heartbeat=now() - 60))
+    monitor = NodeMonitor(bus, state, Correlator(0.05, _ignore), Hearing(timeout_s=0.6))
+    assert await monitor.check() == []  # it could not have heard the minute before it started
+    await asyncio.sleep(0.7)
+    assert await monitor.check() == ["node-1"]
+
+
+async def _ignore(_: Candidate) -> None:
+    return None

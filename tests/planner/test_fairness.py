@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from tests.planner.conftest import REPO
 from tests.planner.live import StartPlanner, next_plan
-from tests.planner.test_planning import NOW, OBJECTIVE, TIMEOUT, by_job, job, node
+from tests.planner.test_planning import NOW, OBJECTIVE, by_job, job, node
 from unicron.services.planner.fairness import PlanRules, TenantQuotas, waited_s, waiting_since
 from unicron.services.planner.planning import PlanDraft, plan_cluster, snapshot
 from unicron.services.planner.settings import PlannerSettings
@@ -36,7 +36,7 @@ def tenant(j: Job, name: str) -> Job:
 
 
 def plan(nodes: list[NodeRecord], jobs: list[Job], rules: PlanRules) -> PlanDraft:
-    return plan_cluster(snapshot(nodes, jobs, NOW, TIMEOUT, rules=rules), OBJECTIVE, rules)
+    return plan_cluster(snapshot(nodes, jobs, NOW, rules=rules), OBJECTIVE, rules)
 
 
 def test_waiting_time_is_read_from_the_history() -> None:

@@ -73,7 +73,7 @@ def plan(
     objective: Objective,
     calibration: Calibration = UNCALIBRATED,
 ) -> PlanDraft:
-    return plan_cluster(snapshot(cluster, jobs, NOW, 3.0, calibration), objective)
+    return plan_cluster(snapshot(cluster, jobs, NOW, calibration), objective)
 
 
 def by_job(draft: PlanDraft) -> dict[str, JobAllocation]:
@@ -191,7 +191,7 @@ def test_a_job_measured_slower_gets_fewer_gpus() -> None:
 
 def test_measured_downtime_factors_show_in_the_prediction() -> None:
     failed = job("job-1", 8, 8, GPT_1B, ranks=("node-0",) * 8)
-    lost = [NodeRecord(id="node-0", slots=8, last_heartbeat=NOW - 60), *nodes(3)[1:]]
+    lost = [NodeRecord(id="node-0", slots=8, state=NodeState.LOST), *nodes(3)[1:]]
     plain = by_job(plan(lost, [failed], A100))["job-1"].explanation
     measured = Calibration(transition_factors=((TransitionKind.MIGRATE, 2.0),))
     slower = by_job(plan(lost, [failed], A100, measured))["job-1"].explanation
@@ -204,7 +204,7 @@ def test_measured_downtime_factors_show_in_the_prediction() -> None:
 def test_quarantined_and_lost_nodes_get_nothing() -> None:
     cluster = nodes(4)
     cluster[1].state = NodeState.QUARANTINED
-    cluster[2].last_heartbeat = NOW - 60
+    cluster[2].state = NodeState.LOST
     draft = plan(cluster, [job("job-1", 8, 32, GPT_1B)], A100)
     assert set(by_job(draft)["job-1"].nodes) == {"node-0", "node-3"}
     assert draft.free_slots == 0

@@ -24,7 +24,7 @@ def test_a_new_job_is_placed_only_on_slots_no_unrecorded_worker_holds() -> None:
     new = Job(id="job-new", name="new", spec=JobSpec(name="new", min_workers=1, max_workers=4))
     # three ranks of a job whose record Redis lost: two on node-a, one on node-b
     nodes = [node("node-a", "job-lost", "job-lost"), node("node-b", "job-lost")]
-    inputs = snapshot(nodes, [new], NOW, 3.0)
+    inputs = snapshot(nodes, [new], NOW)
     assert [(n.node_id, n.slots) for n in inputs.nodes] == [("node-a", 0), ("node-b", 1)]
     (allocation,) = plan_cluster(inputs, OBJECTIVE).allocations
     assert (allocation.action, allocation.nodes) == (PlanAction.START, ["node-b"])
