@@ -3,31 +3,35 @@
 Consumers are push-based durable queue subscriptions, so a restarted service resumes where its
 durable left off and several instances of one service share the work. A message is acked only
 after its handler returned; one that cannot be parsed, or whose handler keeps failing, is
-published to ``unicron.deadletter`` and terminated — the service never crashes on bad input.
+published to ``unicron.deadletter`` and terminated — the service never crashes on bad input
+(:mod:`shared.delivery`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
-from pydantic import ValidationError
 
+from unicron.shared.delivery import (
+    PARSE_ERRORS,
+    Claim,
+    Delivery,
+    consumer_config,
+)
 from unicron.shared.events import CloudEvent, EventData
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
 from unicron.shared.natslogin import NatsAccess, open_client
-from unicron.shared.outage import Outage, is_outage
+from unicron.shared.outage import Outage
 from unicron.shared.reports import AnyWorkerReport, report_id, report_subject
 
 T = TypeVar("T")
@@ -39,20 +43,7 @@ STREAMS: dict[str, list[str]] = {
     "UNICRON_REPORTS": ["unicron.reports.>"],
     "UNICRON_DEADLETTER": [DEADLETTER_SUBJECT],
 }
-MAX_DELIVER = 5
-ACK_WAIT_S = 30.0
 REPORTS_MAX_AGE_S = 24 * 3600.0
-# What a parser raises for a message it cannot take: that message is dead-lettered, not retried.
-PARSE_ERRORS = (ValidationError, ValueError, KeyError)
-
-
-class ClaimRefusedError(Exception):
-    """A well-formed message whose claims the state contradicts (a report about a worker its
-    node does not run, a drill the API never marked): dead-lettered at once, never retried,
-    because nothing on the bus is trusted just because it arrived (docs/design.md §6)."""
-
-
-Claim = Callable[[str, T], Awaitable[None]]
 
 
 def parse_event(raw: bytes) -> CloudEvent:
@@ -179,82 +170,25 @@ class Bus:
         deliver_new: bool = False,
         claim: Claim[T] | None = None,
     ) -> None:
-        """Feed every message on ``subject`` to ``handler`` in order, acking after success.
+        """Feed every message on ``subject`` to ``handler`` in order, acking after success
+        (:mod:`shared.delivery`).
 
         ``claim(subject, item)`` runs first and raises ``ClaimRefusedError`` for a message the
         state contradicts: that one is dead-lettered, counted in ``refused``, and not handled.
         """
-
-        async def handle(item: T, subject: str) -> None:
-            if claim is not None:
-                await claim(subject, item)
-            await handler(item)
-
-        async def on_message(msg: Msg) -> None:
-            deliveries = msg.metadata.num_delivered if msg.metadata else 1
-            try:
-                item = parse(msg.data)
-            except PARSE_ERRORS as exc:
-                await self.dead_letter(msg.subject, msg.data, f"invalid message: {exc}", deliveries)
-                await msg.term()
-                return
-            try:
-                await self._handle_through_outage(
-                    msg, functools.partial(handle, subject=msg.subject), item
-                )
-            except ClaimRefusedError as exc:
-                self.refused += 1
-                await self.dead_letter(msg.subject, msg.data, f"refused: {exc}", deliveries)
-                await msg.term()
-                return
-            except Exception as exc:
-                if is_outage(exc):  # still away: hand it back for later, without a traceback
-                    with contextlib.suppress(Exception):
-                        await msg.nak(delay=self.handler_outage.delay())
-                    return
-                if deliveries >= MAX_DELIVER:
-                    await self.dead_letter(
-                        msg.subject, msg.data, f"handler failed: {exc!r}", deliveries
-                    )
-                    await msg.term()
-                else:
-                    log.exception("handler failed; will retry", subject=msg.subject)
-                    await msg.nak(delay=0.5 * deliveries)
-                return
-            self.handler_outage.ok()
-            await msg.ack()
-
-        policy = DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL
+        delivery = Delivery(
+            parse, handler, claim, self.dead_letter, self.handler_outage, self._count_refused
+        )
         # Named: nats-py then creates it by CONSUMER.CREATE.<stream>.<name>.<filter>, whose
         # filter the server checks against the user's grant (docs/design.md §11).
-        config = ConsumerConfig(
-            name=durable, ack_wait=ACK_WAIT_S, max_deliver=MAX_DELIVER + 1, deliver_policy=policy
-        )
         sub = await self.js.subscribe(
-            subject, queue=durable, durable=durable, cb=on_message, manual_ack=True, config=config
-        )
+            subject, queue=durable, durable=durable, cb=delivery.on_message, manual_ack=True,
+            config=consumer_config(durable, deliver_new),
+        )  # fmt: skip
         self._subs.append(sub)
 
-    async def _handle_through_outage(
-        self, msg: Msg, handler: Callable[[T], Awaitable[None]], item: T
-    ) -> None:
-        """Run ``handler``, retrying it in place while Redis or NATS is away.
-
-        Redeliveries would spend the message's few deliveries on an outage that is not its
-        fault; holding it (and telling the server it is in progress) keeps its order too.
-        """
-        deadline = time.monotonic() + ACK_WAIT_S * 3
-        while True:
-            try:
-                await handler(item)
-                return
-            except Exception as exc:
-                if not is_outage(exc) or time.monotonic() >= deadline:
-                    raise
-                self.handler_outage.failed(exc)
-            await self.handler_outage.pause()
-            with contextlib.suppress(Exception):  # NATS may be the one that is away
-                await msg.in_progress()
+    def _count_refused(self) -> None:
+        self.refused += 1
 
     async def tail_events(
         self, after_seq: int | None = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from unicron.shared.bus import ClaimRefusedError
+from unicron.shared.delivery import ClaimRefusedError
 from unicron.shared.logging import get_logger
 from unicron.shared.models import Job
 from unicron.shared.reports import REPORT_SUBJECT_PREFIX, AnyWorkerReport

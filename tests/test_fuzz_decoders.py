@@ -6,7 +6,7 @@ with bytes that are not UTF-8 or re-encoded) — go to:
 
 - the bus parsers (``parse_event``, ``AGENT_COMMAND``, ``WORKER_REPORT``, the logs request and
   reply): each returns a model that re-encodes, or raises only what its caller turns into a
-  dead letter or a refusal (``bus.PARSE_ERRORS``; a ``ValidationError`` for the logs pair);
+  dead letter or a refusal (``delivery.PARSE_ERRORS``; a ``ValidationError`` for the logs pair);
 - ``Bus.consume`` itself, over a fake JetStream: each message is handled and acked, or
   dead-lettered and terminated;
 - the agent's side of the worker channel (``WorkerChannel``): a line is forwarded, bound as a
@@ -39,7 +39,8 @@ from unicron.services.agent.channel import AGENT_ONLY, MAX_LINE, WorkerChannel, 
 from unicron.services.agent.outbox import Report
 from unicron.services.agent.supervisor import WorkerKey
 from unicron.services.api.routes.logs import ask
-from unicron.shared.bus import PARSE_ERRORS, Bus, parse_event
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.delivery import PARSE_ERRORS
 from unicron.shared.events import CloudEvent, FailureDetected, JobStateChanged, JobSubmitted
 from unicron.shared.logs import LogsReply, LogsRequest
 from unicron.shared.messages import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from unicron.shared.bus import Bus, parse_event
+from unicron.shared.delivery import REDELIVERY_S
 from unicron.shared.events import CloudEvent, JobSubmitted
 from unicron.shared.messages import DeadLetter
 from unicron.shared.models import Job, JobSpec
@@ -65,3 +66,39 @@ async def test_idempotency_key_returns_the_first_job(state: StateStore) -> None:
     assert created and not created_again
     assert again.id == first.id
     assert [j.id for j in await state.list_jobs()] == ["job-1"]
+
+
+async def test_a_message_whose_consumer_died_comes_back_within_seconds(nats_url: str) -> None:
+    # A service killed mid-message (kill -9 during a fault) holds that message unacked: its
+    # restarted consumer must get it soon, not after a long ack wait.
+    dying = await Bus.connect(nats_url, source="unicron/test")
+    taken = asyncio.Event()
+
+    async def never_returns(_: CloudEvent) -> None:
+        taken.set()
+        await asyncio.Event().wait()
+
+    await dying.consume("unicron.events.>", "test-restart", parse_event, never_returns)
+    await dying.publish_event(JobSubmitted(job_id="job-k", name="k", spec=JobSpec(name="k")))
+    await asyncio.wait_for(taken.wait(), 5)
+    await dying.nc.close()  # gone without an ack
+    restarted = await Bus.connect(nats_url, source="unicron/test")
+    queue = await _collect(restarted, "unicron.events.>", "test-restart")
+    assert (await asyncio.wait_for(queue.get(), 5)).subject == "job-k"  # (the ack wait was 30 s)
+    await restarted.close()
+
+
+async def test_a_slow_handler_keeps_its_message(bus: Bus) -> None:
+    handled: asyncio.Queue[str] = asyncio.Queue()
+
+    async def slow(event: CloudEvent) -> None:
+        if event.subject == "job-s":
+            await asyncio.sleep(3 * REDELIVERY_S[0])  # longer than the first redelivery wait
+        await handled.put(event.id)
+
+    await bus.consume("unicron.events.>", "test-slow", parse_event, slow)
+    await bus.publish_event(JobSubmitted(job_id="job-s", name="s", spec=JobSpec(name="s")))
+    assert await asyncio.wait_for(handled.get(), 10) == "job.submitted:job-s"
+    # A redelivery of the first would be queued by now, ahead of the marker.
+    await bus.publish_event(JobSubmitted(job_id="job-t", name="t", spec=JobSpec(name="t")))
+    assert await asyncio.wait_for(handled.get(), 10) == "job.submitted:job-t"

@@ -16,7 +16,8 @@ its ``/proc`` state (``T``: stopped by a signal, which never shows up as an exit
 it last announced. ``WorkerPhase`` lines only feed this module; they never reach the bus.
 A job's own entrypoint (a plain script) may never report a step: its workers are watched only
 once they have reported something, so a script that does not use the training API is never
-taken for hung.
+taken for hung. A rank that reported a peer's failure and parked waits for a regroup, not for
+a step: it is not watched until it re-forms (its park timeout bounds the wait).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from unicron.services.agent.outbox import Report, Sink
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.supervisor import Worker, WorkerKey
 from unicron.shared.logging import get_logger
-from unicron.shared.reports import StepCompleted, WorkerHung, WorkerPhase
+from unicron.shared.reports import StepCompleted, WorkerException, WorkerHung, WorkerPhase
 
 log = get_logger(component="hang")
 Clock = Callable[[], float]
@@ -56,6 +57,7 @@ class Track:
     reported: bool = False
     rejoining: bool = False  # told to re-form in place: the startup floor until its next step
     heard: bool = False  # it has reported a step or a phase
+    parked: bool = False  # waiting for a regroup after a peer's failure: no step to expect
 
     def __post_init__(self) -> None:
         self.iterations = deque(maxlen=self.window)
@@ -99,18 +101,21 @@ class HangWatch:
 
     def observe(self, launched: WorkerKey | None, report: Report) -> None:
         """Note a step or a phase of a worker this agent launched (others are not tracked)."""
-        if not isinstance(report, StepCompleted | WorkerPhase):
+        if not isinstance(report, StepCompleted | WorkerPhase | WorkerException):
             return
         worker = self._worker(launched or WorkerKey(report.job_id, report.generation, report.rank))
         if worker is None:
             return
         track = self._track(worker)
+        if isinstance(report, WorkerException):
+            track.parked = report.parked
+            return
         track.heard = True
         at = self.clock()
         ident = WorkerKey(report.job_id, report.generation, report.rank)
         if ident != track.ident:  # re-formed in place: that is progress, with a fresh clock
             track.ident, track.since, track.reported = ident, at, False
-            track.fresh_steps = 0
+            track.fresh_steps, track.parked = 0, False
         if isinstance(report, WorkerPhase):
             if track.phase == "checkpoint" and report.phase != "checkpoint":
                 track.since = at  # a checkpoint is not part of a step: its time must not count
@@ -123,6 +128,7 @@ class HangWatch:
         track.fresh_steps += 1
         track.since, track.last_step, track.phase = at, report.step, None
         track.suspect_at, track.reported, track.rejoining = None, False, False
+        track.parked = False
 
     def regrouped(self, worker: Worker) -> None:
         """The worker was told to re-form in place: a fresh clock under its new identity, and
@@ -130,7 +136,7 @@ class HangWatch:
         track = self._track(worker)
         track.ident, track.since, track.phase = worker.current, self.clock(), None
         track.suspect_at, track.reported, track.rejoining = None, False, True
-        track.fresh_steps = 0
+        track.fresh_steps, track.parked = 0, False
 
     # --- the decision ----------------------------------------------------------------------
 
@@ -163,8 +169,8 @@ class HangWatch:
         hung = []
         for worker in live:
             track = self._tracks[worker.key]
-            if worker.plain and not track.heard:
-                continue  # a plain script: no steps to expect
+            if (worker.plain and not track.heard) or track.parked:
+                continue  # a plain script, or a parked rank: no steps to expect
             if finishing(worker, track):
                 continue
             silent, limit = now - track.since, self.threshold(track)

@@ -68,10 +68,15 @@ class Candidate:
         return self.kind == FailureKind.EXCEPTION and bool(self.evidence.get("parked"))
 
     @property
+    def waiting(self) -> bool:
+        """Alive and waiting on its peers: parked after a broken collective, or silent in one."""
+        return self.lives_on or (self.kind == FailureKind.HANG and self.secondary)
+
+    @property
     def priority(self) -> tuple[int, int, float]:
-        # A rank that parked is alive and waiting: whatever else was seen explains more,
-        # even an exit with code 1 (which alone looks secondary too).
-        tier = 2 if not self.secondary else 0 if self.lives_on else 1
+        # A rank that waits on its peers explains nothing another report explains: even an
+        # exit with code 1 (which alone looks secondary too) names the rank they wait for.
+        tier = 2 if not self.secondary else 0 if self.waiting else 1
         return (tier, _KIND_RANK[self.kind], -self.observed_at)
 
 

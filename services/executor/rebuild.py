@@ -36,7 +36,8 @@ from unicron.services.executor.adopt import (
     orphan_stops,
 )
 from unicron.services.executor.settings import ExecutorSettings
-from unicron.shared.bus import PARSE_ERRORS, Bus, parse_event
+from unicron.shared.bus import Bus, parse_event
+from unicron.shared.delivery import PARSE_ERRORS
 from unicron.shared.events import JobStateChanged, PlanCreated
 from unicron.shared.lease import PLANNER_LEASE, lease_keys
 from unicron.shared.logging import get_logger

@@ -18,7 +18,7 @@ from tests.agent.conftest import RecordingSink, start_cmd
 from unicron.services.agent.hang import HangWatch, process_state
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.supervisor import Supervisor, Worker, WorkerKey
-from unicron.shared.reports import StepCompleted, WorkerHung, WorkerPhase
+from unicron.shared.reports import StepCompleted, WorkerException, WorkerHung, WorkerPhase
 
 KEY = WorkerKey("job-a", 1, 0)
 # healthy steps per worker in the false-alarm test; raise it for a soak (two workers run)
@@ -123,6 +123,23 @@ def test_checkpoint_and_reformation_are_not_hangs(
     assert (hung.generation, hung.phase, hung.threshold_s) == (2, "collective", 10.0)
     workers.clear()  # it exited: forgotten
     assert watch.check() == [] and watch._tracks == {}
+
+
+def test_a_parked_rank_waits_for_its_regroup_not_for_a_step(
+    setup: tuple[HangWatch, Clock, list[Worker]],
+) -> None:
+    watch, clock, _ = setup
+    steps(watch, clock, 10, 0.04)
+    peer_gone = WorkerException(
+        node_id="n1", job_id="job-a", generation=1, rank=0, pid=os.getpid(),
+        exc_type="RuntimeError", message="Connection reset by peer",
+        category="connection_reset", parked=True,
+    )  # fmt: skip
+    watch.observe(KEY, peer_gone)
+    clock.t += 30  # parked, within its park timeout
+    assert watch.check() == [] and watch.check() == []
+    phase(watch, "collective", gen=2)  # re-formed: watched again
+    assert silent_until_hung(watch, clock).generation == 2
 
 
 def test_a_worker_past_the_last_step_is_finishing_not_hung(

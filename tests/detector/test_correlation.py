@@ -98,6 +98,24 @@ async def test_an_exit_with_code_1_is_blamed_before_its_parked_peers(
     assert (failure["kind"], failure["rank"], failure["action"]) == ("exit", 1, "restart")
 
 
+async def test_an_exit_with_code_1_is_blamed_before_a_peer_silent_in_the_collective(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
+) -> None:
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-w", ["node-0", "node-0"])
+    await bus.publish_report(
+        WorkerHung(node_id="node-0", job_id="job-w", generation=1, rank=0, pid=1000,
+                   silent_s=0.7, threshold_s=0.6, mean_iteration_s=0.05, process_state="S",
+                   phase="collective")
+    )  # fmt: skip
+    await bus.publish_report(
+        WorkerExited(node_id="node-0", job_id="job-w", generation=1, rank=1, pid=1001,
+                     exit_code=1)
+    )  # fmt: skip
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["kind"], failure["rank"]) == ("exit", 1)
+
+
 async def test_in_band_exception_keeps_its_category(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
 ) -> None:
