@@ -12,7 +12,7 @@ does (a new job, or a job hit by a fault, is computed afresh).
 
 ``--quotas`` times the same cases with the jobs spread over four tenants, each capped at a
 quarter of the cluster (``UNICRON_TENANT_QUOTAS='{"*": …}'``), so the DP runs as a group
-knapsack (services/planner/quotas.py).
+knapsack (planning/quotas.py).
 
 Prints a table, then as its last line one JSON object:
 ``{"p50_ms": {"128x4096": …}, "p99_ms": {…}, "quotas": false}``.
@@ -33,12 +33,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from unicron.services.planner.api import Calibration, ClusterInputs, JobDemand, JobView, NodeView
-from unicron.services.planner.fairness import PlanRules, TenantQuotas
-from unicron.services.planner.planning import plan_cluster
-from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H as RATE
+from unicron.planning.api import Calibration, ClusterInputs, JobDemand, JobView, NodeView
+from unicron.planning.calibration import LLAMA3_FAILURES_PER_GPU_H as RATE
+from unicron.planning.fairness import PlanRules, TenantQuotas
+from unicron.planning.planning import plan_cluster
+from unicron.planning.spec import ModelShape
 from unicron.services.planner.settings import PlannerSettings
-from unicron.services.planner.spec import ModelShape
 from unicron.shared.models import JobState
 
 JOBS = (8, 32, 128)

@@ -47,7 +47,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from unicron.services.planner.fairness import PlanRules
+from unicron.planning.fairness import PlanRules
 from unicron.shared.plans import Fairness
 from unicron.simulator.fairness import STARVED_JOBS, Outcome, compare
 from unicron.simulator.inputs import load_cluster

@@ -5,7 +5,7 @@ predicted throughput and WAF, predicted downtime, reason. With it, per job: both
 configurations with their step times, the transition and where its state comes from, the
 expected reward, and the best alternatives that lost, each with the expected reward of the best
 plan that would have made it and how far short of the chosen plan that falls; for a job given
-no workers, "waiting since <time> (<how long>): <why>" (services/planner/waiting.py).
+no workers, "waiting since <time> (<how long>): <why>" (planning/waiting.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rich.text import Text
 
 from unicron.cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
 from unicron.cli.common import ApiUrl, api, console
-from unicron.services.planner.waiting import scaled
+from unicron.planning.waiting import scaled
 from unicron.shared.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
 
 QUIET_ACTIONS = ("keep", "wait")

@@ -8,7 +8,7 @@ Writes ``OUT/summary.json``, ``OUT/timeline-<policy>.csv``, ``OUT/waf.png`` (WAF
 policies), ``OUT/gpus.png`` (GPUs per job over time) and, with ``--generate``, the trace it
 drew as ``OUT/trace.csv``. Exit code 2 on a bad input file (the message names line and field).
 ``--fairness waf|aging|guaranteed_min`` (and ``--aging-hours``) picks the planner's policy
-against starvation (services/planner/fairness.py); the tables show each policy's and each
+against starvation (planning/fairness.py); the tables show each policy's and each
 job's hours waiting: admitted, holding no GPUs.
 """
 
@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from unicron.services.planner.fairness import PlanRules
-from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
+from unicron.planning.calibration import LLAMA3_FAILURES_PER_GPU_H
+from unicron.planning.fairness import PlanRules
 from unicron.shared.plans import Fairness
 from unicron.simulator.inputs import InputError
 from unicron.simulator.plots import plot_gpus, plot_waf

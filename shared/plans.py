@@ -16,7 +16,7 @@ from unicron.shared.models import PlanAction, new_id, now
 
 
 class Fairness(str, Enum):
-    """How the planner keeps jobs from starving (services/planner/fairness.py)."""
+    """How the planner keeps jobs from starving (planning/fairness.py)."""
 
     WAF = "waf"  # Σ G alone
     AGING = "aging"  # a job's weight grows with the time it waited

@@ -25,8 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from unicron.services.planner.api import Calibration, TransitionKind
-from unicron.services.planner.calibration import calibration_of
+from unicron.planning.api import Calibration, TransitionKind
+from unicron.planning.calibration import calibration_of
 from unicron.shared.calibration import CalibrationRecord
 from unicron.shared.taxonomy import FailureCategory
 from unicron.simulator.inputs import ClusterConfig, InputError, JobConfig, load_calibration

@@ -1,5 +1,5 @@
 """The planner's fairness policies compared on one scenario: what each costs in WAF and what it
-saves in waiting (``bench/simulate.py --fairness``; services/planner/fairness.py).
+saves in waiting (``bench/simulate.py --fairness``; planning/fairness.py).
 
 :data:`STARVED_JOBS` is the starvation case of issue 11: six jobs of different weights and
 minimums on the 128-GPU example cluster, where pure WAF maximisation gives all 128 GPUs to
@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from unicron.services.planner.fairness import PlanRules
+from unicron.planning.fairness import PlanRules
 from unicron.shared.plans import Fairness
 from unicron.simulator.inputs import JobConfig
 from unicron.simulator.runner import run_policy

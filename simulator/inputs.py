@@ -1,7 +1,7 @@
 """Cluster and job descriptions: JSON files in, validated frozen values out.
 
 ``--cluster`` is one object: ``{"nodes": 16, "gpus_per_node": 8, "gpu": "A100"}`` (``gpu`` names
-a planner preset of :mod:`services.planner.clusters`, case-insensitive). ``--jobs`` is a list of
+a planner preset of :mod:`planning.clusters`, case-insensitive). ``--jobs`` is a list of
 objects with ``name``, ``params_b``, ``weight``, ``min_gpus``, ``max_gpus`` and, optionally,
 ``arrival_s`` (default 0), ``length_s`` (the job's work, as seconds of failure-free running on
 ``max_gpus``; default: runs to the end) and ``checkpoint_interval_s`` (default 1800, the
@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from unicron.services.planner.api import Calibration
-from unicron.services.planner.calibration import calibration_of
-from unicron.services.planner.clusters import CLUSTERS
-from unicron.services.planner.spec import ClusterSpec
+from unicron.planning.api import Calibration
+from unicron.planning.calibration import calibration_of
+from unicron.planning.clusters import CLUSTERS
+from unicron.planning.spec import ClusterSpec
 from unicron.shared.calibration import CalibrationRecord
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from unicron.services.planner.api import Calibration
-from unicron.services.planner.fairness import PlanRules
+from unicron.planning.api import Calibration
+from unicron.planning.fairness import PlanRules
 from unicron.simulator.events import Kind
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.metrics import Timeline, policy_summary, ratio

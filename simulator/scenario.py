@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from unicron.services.planner.api import Calibration
-from unicron.services.planner.fairness import PlanRules
-from unicron.services.planner.settings import LLAMA3_FAILURES_PER_GPU_H
+from unicron.planning.api import Calibration
+from unicron.planning.calibration import LLAMA3_FAILURES_PER_GPU_H
+from unicron.planning.fairness import PlanRules
 from unicron.simulator.inputs import (
     ClusterConfig,
     JobConfig,

@@ -1,7 +1,7 @@
 """Online calibration, kept in Redis so any planner instance can rebuild it after a restart.
 
 Three estimates, each updated from what the cluster reports and read back as one
-:class:`~services.planner.api.Calibration` per planning pass:
+:class:`~planning.api.Calibration` per planning pass:
 
 - per job, ``slowdown``: an EWMA of observed over modelled iteration time (rank 0's step
   reports, the first step of each generation left out as warm-up), dividing T(t, x);
@@ -15,7 +15,7 @@ Values are rounded to two significant digits when read, so noise in the last dig
 make every reconcile pass a new planning problem. Only the active planner writes (it holds the
 lease), so the read-modify-write updates need no transaction. Each planning pass also stores
 what it read as a :class:`~shared.calibration.CalibrationRecord`, the form the API exports and
-the simulator imports (:func:`record_of`, :func:`calibration_of`).
+the simulator imports (:mod:`planning.calibration` converts it both ways).
 """
 
 from __future__ import annotations
@@ -26,40 +26,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from unicron.services.planner.api import Calibration, TransitionKind
-from unicron.shared.calibration import CALIBRATION_KEY, CalibrationRecord
+from unicron.planning.api import Calibration, TransitionKind
+from unicron.planning.calibration import record_of
+from unicron.shared.calibration import CALIBRATION_KEY
 from unicron.shared.models import now
 
 CLAMP = (0.05, 20.0)  # a factor outside this is a broken measurement, not a slow cluster
-
-
-def record_of(
-    calibration: Calibration, samples: dict[str, int] | None = None, at: float | None = None
-) -> CalibrationRecord:
-    return CalibrationRecord(
-        transition_factors={kind.value: f for kind, f in calibration.transition_factors},
-        transition_samples=samples or {},
-        job_slowdown=dict(calibration.job_slowdown),
-        failure_rate_per_gpu_h=calibration.failure_rate_per_gpu_h,
-        at=at,
-    )
-
-
-def calibration_of(record: CalibrationRecord) -> Calibration:
-    """The models' form of an exported record; ValueError names a kind the planner lacks."""
-    known = TransitionKind._value2member_map_
-    unknown = sorted(set(record.transition_factors) - set(known))
-    if unknown:
-        raise ValueError(
-            f"transition_factors.{unknown[0]}: not a transition kind; known: {', '.join(known)}"
-        )
-    return Calibration(
-        job_slowdown=tuple(sorted(record.job_slowdown.items())),
-        transition_factors=tuple(
-            sorted((TransitionKind(k), v) for k, v in record.transition_factors.items())
-        ),
-        failure_rate_per_gpu_h=record.failure_rate_per_gpu_h,
-    )
 
 
 def ewma(old: float | None, sample: float, alpha: float) -> float:

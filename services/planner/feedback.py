@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from unicron.services.planner.api import JobDemand, TransitionKind
+from unicron.planning.api import JobDemand, TransitionKind
+from unicron.planning.spec import ModelShape
+from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore
-from unicron.services.planner.spec import ModelShape
-from unicron.services.planner.throughput import MegatronThroughput
 from unicron.shared.events import FailureDetected, TransitionCompleted
 from unicron.shared.logging import get_logger
 from unicron.shared.models import Job, now

@@ -8,8 +8,8 @@ waiting jobs aged a step under the ``aging`` policy).
 
 from __future__ import annotations
 
-from unicron.services.planner.api import ClusterInputs
-from unicron.services.planner.planning import QUIET
+from unicron.planning.api import ClusterInputs
+from unicron.planning.planning import QUIET
 from unicron.shared.bus import Bus
 from unicron.shared.events import PlanCreated, PlannedJob
 from unicron.shared.logging import get_logger

@@ -22,13 +22,13 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from unicron.services.planner.api import ClusterInputs
+from unicron.planning.api import ClusterInputs
+from unicron.planning.planning import PlanDraft, needs_publish, plan_cluster, snapshot
+from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore
 from unicron.services.planner.feedback import Feedback
-from unicron.services.planner.planning import PlanDraft, needs_publish, plan_cluster, snapshot
 from unicron.services.planner.publish import announce, changes, summarise
 from unicron.services.planner.settings import PlannerSettings
-from unicron.services.planner.throughput import MegatronThroughput
 from unicron.shared.bus import Bus, parse_event
 from unicron.shared.events import (
     CloudEvent,

@@ -7,18 +7,16 @@ from typing import Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
-from unicron.services.planner.api import Objective, TransitionCost
+from unicron.planning.api import Objective, TransitionCost
+from unicron.planning.calibration import LLAMA3_FAILURES_PER_GPU_H
+from unicron.planning.clusters import CLUSTERS
+from unicron.planning.costs import ConstantDowntime, ModelledDowntime
+from unicron.planning.fairness import PlanRules, TenantQuotas
+from unicron.planning.spec import ClusterSpec
+from unicron.planning.throughput import THROUGHPUT_MODELS
 from unicron.services.planner.calibration import FailurePrior
-from unicron.services.planner.clusters import CLUSTERS
-from unicron.services.planner.costs import ConstantDowntime, ModelledDowntime
-from unicron.services.planner.fairness import PlanRules, TenantQuotas
-from unicron.services.planner.spec import ClusterSpec
-from unicron.services.planner.throughput import THROUGHPUT_MODELS
 from unicron.shared.plans import Fairness
 from unicron.shared.settings import CommonSettings
-
-# Llama 3 405B: 466 interruptions in 54 days on 16,384 H100 (docs/design.md §7).
-LLAMA3_FAILURES_PER_GPU_H = 466 / (54 * 24 * 16384)
 
 
 def quotas_of(text: str) -> TenantQuotas:
@@ -63,7 +61,7 @@ class PlannerSettings(CommonSettings):
     # Set by a supervisor that never runs two of it at once (unicron up): a restarted planner
     # of this instance takes its dead predecessor's lease at once (shared/lease.py).
     planner_instance: str | None = Field(None, min_length=1, max_length=128)
-    # Against starvation (services/planner/fairness.py): waf, aging or guaranteed_min. Aging:
+    # Against starvation (planning/fairness.py): waf, aging or guaranteed_min. Aging:
     # a job that waited planner_aging_s counts twice, counted in whole steps of the clock.
     planner_fairness: Fairness = Fairness.WAF
     planner_aging_s: float = Field(86400.0, gt=0, allow_inf_nan=False)

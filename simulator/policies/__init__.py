@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from unicron.services.planner.api import Calibration
-from unicron.services.planner.fairness import PlanRules
+from unicron.planning.api import Calibration
+from unicron.planning.fairness import PlanRules
 from unicron.simulator.policies.bamboo import Bamboo
 from unicron.simulator.policies.base import Policy
 from unicron.simulator.policies.oobleck import Oobleck

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from unicron.services.planner.throughput import MegatronThroughput
+from unicron.planning.throughput import MegatronThroughput
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.policies.base import NodeOwnerPolicy, half_interval, shard_bytes
 from unicron.simulator.policies.oobleck import elastic_detect_s

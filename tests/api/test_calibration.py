@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tests.api import live
 from tests.api.factories import ADMIN, TOKENS, USER_A, bearer
 from unicron.cli.main import app
-from unicron.services.planner.api import TransitionKind
+from unicron.planning.api import TransitionKind
 from unicron.services.planner.calibration import CalibrationStore, FailurePrior
 from unicron.shared.models import Job, JobSpec
 from unicron.shared.state import StateStore

@@ -10,11 +10,11 @@ from fastapi import Depends, FastAPI
 
 from tests.api import live
 from tests.api.factories import ADMIN, TOKENS, USER_A, bearer
+from unicron.planning.planning import plan_cluster, snapshot
 from unicron.services.api.access import authenticate
 from unicron.services.api.app import create_app
 from unicron.services.api.routes import plans
 from unicron.services.api.settings import ApiSettings
-from unicron.services.planner.planning import plan_cluster, snapshot
 from unicron.services.planner.settings import PlannerSettings
 from unicron.shared.models import Job, JobSpec, NodeRecord, PlanAction, now
 from unicron.shared.plans import JobAllocation, Plan

@@ -13,12 +13,12 @@ from typer.testing import CliRunner, Result
 
 from tests.api import live
 from unicron.cli.plan import plan as plan_command
+from unicron.planning.api import Calibration
+from unicron.planning.fairness import PlanRules, TenantQuotas
+from unicron.planning.planning import plan_cluster, snapshot
 from unicron.services.api.app import create_app
 from unicron.services.api.routes import plans
 from unicron.services.api.settings import ApiSettings
-from unicron.services.planner.api import Calibration
-from unicron.services.planner.fairness import PlanRules, TenantQuotas
-from unicron.services.planner.planning import plan_cluster, snapshot
 from unicron.services.planner.settings import PlannerSettings
 from unicron.shared.models import (
     FailureRecord,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from unicron.services.planner.api import TransitionKind
+from unicron.planning.api import TransitionKind
+from unicron.planning.clusters import CPU
+from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore, FailurePrior
-from unicron.services.planner.clusters import CPU
 from unicron.services.planner.feedback import Feedback, demand_of
-from unicron.services.planner.throughput import MegatronThroughput
 from unicron.shared.events import FailureDetected, TransitionCompleted
 from unicron.shared.models import Job, JobSpec, JobState, PlanAction, now
 from unicron.shared.plans import JobAllocation, JobExplanation, Plan

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from bench.simulate import main as bench_main
 from tests.simulator.conftest import cluster_file, write
 from tests.simulator.test_runs import _app
-from unicron.services.planner.fairness import PlanRules
-from unicron.services.planner.throughput import MegatronThroughput
+from unicron.planning.fairness import PlanRules
+from unicron.planning.throughput import MegatronThroughput
 from unicron.shared.plans import Fairness
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.runner import Result, Scenario, run_policy

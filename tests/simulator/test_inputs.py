@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.simulator.conftest import write
-from unicron.services.planner.api import TransitionKind
+from unicron.planning.api import TransitionKind
 from unicron.simulator.inputs import (
     ClusterConfig,
     InputError,

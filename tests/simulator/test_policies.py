@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.simulator.conftest import trace_of
-from unicron.services.planner.api import Calibration
-from unicron.services.planner.clusters import A100
+from unicron.planning.api import Calibration
+from unicron.planning.clusters import A100
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.policies.oobleck import RECONFIGURE_S
 from unicron.simulator.policies.restart import DRAIN_S, RESUBMIT_S, SETUP_S, TIMEOUT_S

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from tests.simulator.conftest import cluster_file, write
 from unicron.cli.simulate import simulate
-from unicron.services.planner.api import Calibration, TransitionKind
-from unicron.services.planner.clusters import CPU
+from unicron.planning.api import Calibration, TransitionKind
+from unicron.planning.clusters import CPU
 from unicron.shared.taxonomy import Severity
 from unicron.simulator.calibrate import simulated_crash_downtime
 from unicron.simulator.cluster import ClusterState, OverAllocation

@@ -6,8 +6,10 @@ from collections import Counter
 
 import pytest
 
-from unicron.services.planner.api import Calibration, Objective, TransitionKind
-from unicron.services.planner.planning import (
+from tests.planning.defaults import default_objective
+from unicron.planning import clusters
+from unicron.planning.api import Calibration, Objective, TransitionKind
+from unicron.planning.planning import (
     UNCALIBRATED,
     PlanDraft,
     needs_publish,
@@ -15,7 +17,6 @@ from unicron.services.planner.planning import (
     run_time,
     snapshot,
 )
-from unicron.services.planner.settings import PlannerSettings
 from unicron.shared.models import (
     Job,
     JobSpec,
@@ -30,9 +31,9 @@ from unicron.shared.models import (
 from unicron.shared.plans import JobAllocation, Plan
 
 NOW = 10_000.0
-CPU = PlannerSettings().objective()
-A100 = PlannerSettings(planner_cluster="a100").objective()
-A100_LAUNCH_S = PlannerSettings(planner_cluster="a100").cluster.launch_s
+CPU = default_objective(clusters.CPU)
+A100 = default_objective(clusters.A100)
+A100_LAUNCH_S = clusters.A100.launch_s
 GPT_1B = ModelConfig(n_layer=24, n_head=16, d_model=2048, seq_len=2048, vocab=51200)
 GPT_7B = ModelConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048, vocab=51200)
 GPT_13B = ModelConfig(n_layer=40, n_head=40, d_model=5120, seq_len=2048, vocab=51200)

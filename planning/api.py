@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from unicron.services.planner.spec import ModelShape
+from unicron.planning.spec import ModelShape
 from unicron.shared.models import JobState
 
 IntArray = npt.NDArray[np.int64]
@@ -160,7 +160,10 @@ class Objective:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What the cluster has measured so far, as the models consume it (see :mod:`.calibration`)."""
+    """What the cluster has measured so far, as the models consume it.
+
+    The service learns it (``services.planner.calibration``); :mod:`.calibration` converts it.
+    """
 
     job_slowdown: tuple[tuple[str, float], ...] = ()
     transition_factors: tuple[tuple[TransitionKind, float], ...] = ()

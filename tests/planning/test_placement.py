@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unicron.services.planner.api import NodeView
-from unicron.services.planner.placement import PlacementError, PlacementRequest, place
+from unicron.planning.api import NodeView
+from unicron.planning.placement import PlacementError, PlacementRequest, place
 
 NODES = [NodeView("a", 2), NodeView("b", 2), NodeView("c", 4)]
 

@@ -11,16 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.plan import cluster, quarter, running, tenants
-from tests.planner.test_dp import NODE_OBJECTIVE, g, instances, node_instances
-from unicron.services.planner.allocation import allocate_units, guarantee
-from unicron.services.planner.api import JobDemand, JobView, Objective
-from unicron.services.planner.costs import ConstantDowntime
-from unicron.services.planner.fairness import PlanRules, TenantQuotas
-from unicron.services.planner.objective import all_terms, stack
-from unicron.services.planner.planning import plan_cluster
-from unicron.services.planner.settings import PlannerSettings
-from unicron.services.planner.throughput import LinearThroughput
+from tests.planning.test_dp import NODE_OBJECTIVE, g, instances, node_instances
+from unicron.planning.allocation import allocate_units, guarantee
+from unicron.planning.api import JobDemand, JobView, Objective
+from unicron.planning.costs import ConstantDowntime
+from unicron.planning.fairness import PlanRules, TenantQuotas
+from unicron.planning.objective import all_terms, stack
+from unicron.planning.throughput import LinearThroughput
 from unicron.shared.models import JobState
 from unicron.shared.plans import Fairness
 
@@ -161,14 +158,3 @@ def test_guaranteed_min_gives_every_job_its_minimum_before_waf() -> None:
     assert got.units == [4, 2, 2] and got.reserved == [2, 2, 2]
     # the rest is still WAF's: "heavy" takes every unit beyond the minimums
     assert got.totals[0][list(got.ks[0]).index(2)] < got.total
-
-
-def test_the_plan_benchmark_quota_case_keeps_every_tenant_to_its_quarter() -> None:
-    settings = PlannerSettings(planner_cluster="a100")
-    inputs = tenants(running(cluster(1024, 32, seed=1), settings))
-    draft = plan_cluster(inputs, settings.objective(), quarter(1024))
-    held: dict[str | None, int] = {}
-    for view, a in zip(inputs.jobs, draft.allocations, strict=True):
-        held[view.tenant] = held.get(view.tenant, 0) + a.workers
-    assert len(held) == 4 and max(held.values()) <= 256
-    assert sum(held.values()) > 3 * 256  # the quotas bind, yet the cluster stays busy

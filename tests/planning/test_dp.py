@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unicron.services.planner import dp
-from unicron.services.planner.api import JobDemand, Objective
-from unicron.services.planner.clusters import A100
-from unicron.services.planner.costs import ConstantDowntime, ModelledDowntime
-from unicron.services.planner.objective import allocate, reward_matrix, value
-from unicron.services.planner.spec import ModelShape
-from unicron.services.planner.throughput import LinearThroughput, MegatronThroughput
+from unicron.planning import dp
+from unicron.planning.api import JobDemand, Objective
+from unicron.planning.clusters import A100
+from unicron.planning.costs import ConstantDowntime, ModelledDowntime
+from unicron.planning.objective import allocate, reward_matrix, value
+from unicron.planning.spec import ModelShape
+from unicron.planning.throughput import LinearThroughput, MegatronThroughput
 
 # Weights and times that are exact in binary floating point, so ties are exact ties.
 WEIGHTS = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0])

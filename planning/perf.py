@@ -27,8 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from unicron.services.planner.api import FloatArray, IntArray
-from unicron.services.planner.spec import ClusterSpec, ModelShape
+from unicron.planning.api import FloatArray, IntArray
+from unicron.planning.spec import ClusterSpec, ModelShape
 
 MAX_MICRO_BATCH = 32  # beyond this a bigger micro-batch buys no GEMM efficiency, only memory
 

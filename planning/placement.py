@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from unicron.services.planner.api import NodeView
+from unicron.planning.api import NodeView
 
 
 class PlacementError(RuntimeError):

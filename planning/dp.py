@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
-from unicron.services.planner.api import FloatArray, IntArray
+from unicron.planning.api import FloatArray, IntArray
 
 NO_KEEP = -1
 REL_TOL = 1e-9

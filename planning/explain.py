@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from unicron.services.planner.api import KINDS, SOURCES, Curve, FloatArray, IntArray
-from unicron.services.planner.objective import JobTerms
+from unicron.planning.api import KINDS, SOURCES, Curve, FloatArray, IntArray
+from unicron.planning.objective import JobTerms
 from unicron.shared.plans import Alternative, JobExplanation, ParallelConfig
 
 SHOWN = 3  # alternatives kept per job, best first

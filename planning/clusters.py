@@ -1,13 +1,13 @@
 """Cluster presets: the node kinds the planner knows, by name (``UNICRON_PLANNER_CLUSTER``).
 
 Figures are public vendor numbers or the measurement cited beside them; what a preset gets
-wrong for one job, the online calibration corrects (:mod:`.calibration`). Register another
-preset with ``CLUSTERS.register(name, ClusterSpec(...))``.
+wrong for one job, the online calibration corrects (``services.planner.calibration``).
+Register another preset with ``CLUSTERS.register(name, ClusterSpec(...))``.
 """
 
 from __future__ import annotations
 
-from unicron.services.planner.spec import ClusterSpec, Registry
+from unicron.planning.spec import ClusterSpec, Registry
 
 GB = 1e9
 

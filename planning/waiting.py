@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from unicron.services.planner.allocation import Allocation, smallest
-from unicron.services.planner.api import ClusterInputs
-from unicron.services.planner.fairness import PlanRules
-from unicron.services.planner.objective import JobTerms
+from unicron.planning.allocation import Allocation, smallest
+from unicron.planning.api import ClusterInputs
+from unicron.planning.fairness import PlanRules
+from unicron.planning.objective import JobTerms
 from unicron.shared.plans import WaitReason
 
 Why = tuple[WaitReason, str]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from unicron.services.planner.api import (
+from unicron.planning.api import (
     KINDS,
     SOURCES,
     Curve,
@@ -29,7 +29,7 @@ from unicron.services.planner.api import (
     TransitionKind,
     Transitions,
 )
-from unicron.services.planner.spec import DEFAULT_SHAPE, ClusterSpec
+from unicron.planning.spec import DEFAULT_SHAPE, ClusterSpec
 
 K = {kind: np.int64(i) for i, kind in enumerate(KINDS)}
 S = {source: np.int64(i) for i, source in enumerate(SOURCES)}

@@ -3,10 +3,10 @@ rebuilt it yet) is not free: a new job goes only where slots are. Pure: no serve
 
 from __future__ import annotations
 
-from unicron.services.planner.api import Objective
-from unicron.services.planner.costs import ConstantDowntime
-from unicron.services.planner.planning import plan_cluster, snapshot
-from unicron.services.planner.throughput import LinearThroughput
+from unicron.planning.api import Objective
+from unicron.planning.costs import ConstantDowntime
+from unicron.planning.planning import plan_cluster, snapshot
+from unicron.planning.throughput import LinearThroughput
 from unicron.shared.models import Job, JobSpec, NodeRecord, NodeWorker, PlanAction
 
 NOW = 10_000.0

@@ -1,7 +1,7 @@
 """Cluster state → plan: pure functions from Redis records to a plan draft.
 
 :func:`snapshot` turns the records and the calibration into
-:class:`~services.planner.api.ClusterInputs` (usable nodes, each job's demand and held ranks);
+:class:`~planning.api.ClusterInputs` (usable nodes, each job's demand and held ranks);
 :func:`plan_cluster` applies the calibration to the objective, runs the DP, weighs the
 alternatives, places the workers and names and explains each job's action;
 :func:`needs_publish` says whether the draft is news compared with the latest plan. No I/O, no
@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, replace
 
-from unicron.services.planner.allocation import allocate_units
-from unicron.services.planner.api import (
+from unicron.planning.allocation import allocate_units
+from unicron.planning.api import (
     ACTIVE_STATES,
     Calibration,
     ClusterInputs,
@@ -26,12 +26,12 @@ from unicron.services.planner.api import (
     Orphan,
     OutOfService,
 )
-from unicron.services.planner.explain import explain
-from unicron.services.planner.fairness import PlanRules, waiting_since
-from unicron.services.planner.objective import all_terms
-from unicron.services.planner.placement import PlacementRequest, place
-from unicron.services.planner.spec import ModelShape
-from unicron.services.planner.waiting import Waits
+from unicron.planning.explain import explain
+from unicron.planning.fairness import PlanRules, waiting_since
+from unicron.planning.objective import all_terms
+from unicron.planning.placement import PlacementRequest, place
+from unicron.planning.spec import ModelShape
+from unicron.planning.waiting import Waits
 from unicron.shared.models import (
     FailureRecord,
     Job,

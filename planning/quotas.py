@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unicron.services.planner import dp
-from unicron.services.planner.api import FloatArray, IntArray
+from unicron.planning import dp
+from unicron.planning.api import FloatArray, IntArray
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unicron.services.planner import dp, quotas
-from unicron.services.planner.api import FloatArray, IntArray, JobView
-from unicron.services.planner.explain import candidates
-from unicron.services.planner.fairness import PlanRules
-from unicron.services.planner.objective import JobTerms, keep_units, stack
+from unicron.planning import dp, quotas
+from unicron.planning.api import FloatArray, IntArray, JobView
+from unicron.planning.explain import candidates
+from unicron.planning.fairness import PlanRules
+from unicron.planning.objective import JobTerms, keep_units, stack
 from unicron.shared.plans import Fairness
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unicron.services.planner.api import JobDemand
-from unicron.services.planner.clusters import A100, CLUSTERS, CPU
-from unicron.services.planner.perf import Workload, best_configs, iteration_times, memory_per_gpu
-from unicron.services.planner.spec import ModelShape
-from unicron.services.planner.throughput import THROUGHPUT_MODELS, MegatronThroughput
+from unicron.planning.api import JobDemand
+from unicron.planning.clusters import A100, CLUSTERS, CPU
+from unicron.planning.perf import Workload, best_configs, iteration_times, memory_per_gpu
+from unicron.planning.spec import ModelShape
+from unicron.planning.throughput import THROUGHPUT_MODELS, MegatronThroughput
 
 SEQ, VOCAB = 2048, 51200
 GPT3_175B = ModelShape(96, 96, 12288, SEQ, VOCAB)

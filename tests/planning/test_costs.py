@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from unicron.services.planner.api import KINDS, SOURCES, JobDemand, StateSource, TransitionKind
-from unicron.services.planner.clusters import A100, CPU
-from unicron.services.planner.costs import ModelledDowntime, classify
-from unicron.services.planner.spec import ModelShape
-from unicron.services.planner.throughput import MegatronThroughput
+from unicron.planning.api import KINDS, SOURCES, JobDemand, StateSource, TransitionKind
+from unicron.planning.clusters import A100, CPU
+from unicron.planning.costs import ModelledDowntime, classify
+from unicron.planning.spec import ModelShape
+from unicron.planning.throughput import MegatronThroughput
 
 X = np.arange(0, 9, dtype=np.int64)
 GPT_13B = ModelShape(40, 40, 5120, 2048, 51200)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from unicron.services.planner.api import Objective
-from unicron.services.planner.costs import ConstantDowntime
-from unicron.services.planner.planning import PlanDraft, needs_publish, plan_cluster, snapshot
-from unicron.services.planner.throughput import LinearThroughput
+from unicron.planning.api import Objective
+from unicron.planning.costs import ConstantDowntime
+from unicron.planning.planning import PlanDraft, needs_publish, plan_cluster, snapshot
+from unicron.planning.throughput import LinearThroughput
 from unicron.shared.models import (
     FailureRecord,
     Job,

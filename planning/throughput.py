@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unicron.services.planner.api import Curve, FloatArray, IntArray, JobDemand, ThroughputModel
-from unicron.services.planner.perf import Workload, achieved_flops, best_configs
-from unicron.services.planner.spec import DEFAULT_SHAPE, ClusterSpec, Registry
+from unicron.planning.api import Curve, FloatArray, IntArray, JobDemand, ThroughputModel
+from unicron.planning.perf import Workload, achieved_flops, best_configs
+from unicron.planning.spec import DEFAULT_SHAPE, ClusterSpec, Registry
 
 ThroughputFactory = Callable[[ClusterSpec], ThroughputModel]
 THROUGHPUT_MODELS: Registry[ThroughputFactory] = Registry("throughput model")

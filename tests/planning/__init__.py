@@ -1,0 +1,1 @@
+"""Tests of the planner's pure model, the library ``unicron.planning``."""
