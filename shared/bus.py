@@ -59,6 +59,7 @@ class Bus:
         self.js = js
         self.source = source
         self._subs: list[Any] = []
+        self._deliveries: list[Delivery[Any]] = []
         self.refused = 0  # messages a claim check refused, since start
         # One tracker for every handler: a Redis outage fails them all at once.
         self.handler_outage = Outage("bus handlers", component="bus", source=source)
@@ -120,6 +121,8 @@ class Bus:
         for sub in self._subs:
             with contextlib.suppress(Exception):  # the connection may already be gone
                 await sub.unsubscribe()
+        for delivery in self._deliveries:  # what they held unacked, the server redelivers
+            await delivery.stop()
         if not self.nc.is_closed:
             with contextlib.suppress(Exception):  # e.g. a drain timeout: close regardless
                 await self.nc.drain()
@@ -182,10 +185,12 @@ class Bus:
         # Named: nats-py then creates it by CONSUMER.CREATE.<stream>.<name>.<filter>, whose
         # filter the server checks against the user's grant (docs/design.md §11).
         sub = await self.js.subscribe(
-            subject, queue=durable, durable=durable, cb=delivery.on_message, manual_ack=True,
+            subject, queue=durable, durable=durable, cb=delivery.receive, manual_ack=True,
             config=consumer_config(durable, deliver_new),
         )  # fmt: skip
+        delivery.start()
         self._subs.append(sub)
+        self._deliveries.append(delivery)
 
     def _count_refused(self) -> None:
         self.refused += 1

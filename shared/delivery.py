@@ -8,8 +8,10 @@ spends none of the message's deliveries. A message is acked only after its handl
 Redelivery is soon for the first time and slower after: when a service is killed mid-message
 (or with messages delivered but not yet handled), its restarted consumer gets them back about a
 second later instead of after a long ack wait — a detector killed during a fault must not delay
-that fault's detection by half a minute. A handler that runs longer keeps its message with
-``in_progress`` so it is not redelivered meanwhile.
+that fault's detection by half a minute. So that a live but busy consumer is not sent its own
+messages again, every message it holds — the one being handled and those queued behind it — is
+kept with ``in_progress`` until it is acked, and the server hands it at most
+``MAX_ACK_PENDING`` at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from nats.aio.msg import Msg
@@ -35,6 +37,7 @@ MAX_DELIVER = 5
 # Seconds before each redelivery of an unacked message (the first doubles as the ack wait).
 REDELIVERY_S = (1.0, 5.0, 15.0, 30.0, 30.0)
 KEEP_ALIVE_S = REDELIVERY_S[0] / 3
+MAX_ACK_PENDING = 256
 # Holding a message through an outage stops here: it is handed back to the server then.
 OUTAGE_HOLD_S = 90.0
 # What a parser raises for a message it cannot take: that message is dead-lettered, not retried.
@@ -58,13 +61,14 @@ def consumer_config(durable: str, deliver_new: bool) -> ConsumerConfig:
         ack_wait=REDELIVERY_S[0],
         backoff=list(REDELIVERY_S),
         max_deliver=MAX_DELIVER + 1,
+        max_ack_pending=MAX_ACK_PENDING,
         deliver_policy=policy,
     )
 
 
 @dataclass
 class Delivery(Generic[T]):
-    """Takes each message of one consumer to ``handler`` (see the module doc)."""
+    """Takes each message of one consumer to ``handler``, in order (see the module doc)."""
 
     parse: Callable[[bytes], T]
     handler: Callable[[T], Awaitable[None]]
@@ -72,6 +76,40 @@ class Delivery(Generic[T]):
     dead_letter: DeadLetterSink
     outage: Outage
     refused: Callable[[], None]
+    _held: dict[int, Msg] = field(default_factory=dict)  # by id: received, not yet finished
+    _queue: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work()), asyncio.create_task(self._keep())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def receive(self, msg: Msg) -> None:
+        """The subscription's callback: returns at once, so every held message is ours to
+        keep alive."""
+        self._held[id(msg)] = msg
+        self._queue.put_nowait(msg)
+
+    async def _work(self) -> None:
+        while True:
+            msg = await self._queue.get()
+            try:
+                await self.on_message(msg)
+            except Exception:  # the connection went away mid-ack: the server redelivers
+                log.warning("message left unacked", subject=msg.subject, exc_info=True)
+            finally:
+                self._held.pop(id(msg), None)
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(KEEP_ALIVE_S)
+            for msg in list(self._held.values()):
+                with contextlib.suppress(Exception):  # NATS may be the one that is away
+                    await msg.in_progress()
 
     async def on_message(self, msg: Msg) -> None:
         deliveries = msg.metadata.num_delivered if msg.metadata else 1
@@ -80,7 +118,6 @@ class Delivery(Generic[T]):
         except PARSE_ERRORS as exc:
             await self._reject(msg, f"invalid message: {exc}", deliveries)
             return
-        keeper = asyncio.create_task(_keep_alive(msg))
         try:
             await self._handle_through_outage(msg, item)
         except ClaimRefusedError as exc:
@@ -90,8 +127,6 @@ class Delivery(Generic[T]):
         except Exception as exc:
             await self._failed(msg, exc, deliveries)
             return
-        finally:
-            keeper.cancel()
         self.outage.ok()
         await msg.ack()
 
@@ -125,11 +160,3 @@ class Delivery(Generic[T]):
                     raise
                 self.outage.failed(exc)
             await self.outage.pause()
-
-
-async def _keep_alive(msg: Msg) -> None:
-    """Tell the server the message is still being handled, so it is not redelivered."""
-    while True:
-        await asyncio.sleep(KEEP_ALIVE_S)
-        with contextlib.suppress(Exception):  # NATS may be the one that is away
-            await msg.in_progress()
