@@ -3,7 +3,8 @@
 Each record has exactly one pydantic model here (plans have theirs in :mod:`shared.plans`);
 services read and write them only through :mod:`shared.state`. Lifecycle states are ``str``
 enums whose docstrings give the allowed transitions, so a reader of a record in Redis knows what
-may come next.
+may come next; a job's are a table in :mod:`shared.lifecycle` that :meth:`Job.set_state`
+enforces, with the service that owns each one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from pydantic import BaseModel, Field
 
 from unicron.shared.jobspec import JobSpec as JobSpec
 from unicron.shared.jobspec import ModelConfig as ModelConfig
+from unicron.shared.lifecycle import JobState as JobState
+from unicron.shared.lifecycle import refusal
+from unicron.shared.logging import get_logger
+from unicron.shared.roles import ServiceRole
 
 
 def now() -> float:
@@ -26,29 +31,6 @@ def now() -> float:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-class JobState(str, Enum):
-    """Lifecycle of a job.
-
-    PENDING → STARTING (placed by a plan) | CANCELLED
-    STARTING → RUNNING (first step done) | RECOVERING | PENDING (preempted) | FAILED | CANCELLED
-    RUNNING → RECOVERING (failure) | PENDING (preempted) | SUCCEEDED | FAILED | CANCELLED
-    RECOVERING → RUNNING | RECOVERING | PENDING | FAILED | CANCELLED
-    SUCCEEDED, FAILED, CANCELLED are terminal.
-    """
-
-    PENDING = "PENDING"
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    RECOVERING = "RECOVERING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 class WorkerState(str, Enum):
@@ -179,12 +161,46 @@ class Job(BaseModel):
             and self.generation > 0
         )
 
-    def set_state(self, state: JobState, reason: str) -> bool:
-        """Move to ``state`` and record why; returns False when it was already there."""
+    def set_state(self, state: JobState, reason: str, by: ServiceRole) -> bool:
+        """Move to ``state`` as the service ``by`` and record why, if :mod:`shared.lifecycle`
+        allows it. False when the state did not change: the job was already there (a
+        re-entry the table lists, such as a new failure while RECOVERING; the caller records
+        it if it means a new attempt), or the move is refused (logged, the record unchanged)."""
+        return self._move(state, reason, by, source=self.state, at=None)
+
+    def replay_state(self, announced: JobState, state: JobState, reason: str, at: float) -> bool:
+        """Restore a move from ``announced`` to ``state`` that the event stream recorded (the
+        rebuild of :mod:`shared.replay`): it must be a row of the lifecycle table, whoever made
+        it, but may start from a state whose announcement was lost. A finished job stays
+        finished. False when the state did not change."""
+        source = self.state if self.state.terminal else announced
+        return self._move(state, reason, None, source=source, at=at)
+
+    def _move(
+        self,
+        state: JobState,
+        reason: str,
+        by: ServiceRole | None,
+        source: JobState,
+        at: float | None,
+    ) -> bool:
+        why = refusal(source, state, by)
+        if why is not None:
+            get_logger(job_id=self.id).error(
+                "job state transition refused",
+                old=self.state.value,
+                new=state.value,
+                by=by.value if by is not None else "replay",
+                why=why,
+                reason=reason,
+            )
+            return False
         if self.state == state:
             return False
         self.state = state
-        self.history.append(HistoryEntry(state=state, reason=reason))
+        self.history.append(
+            HistoryEntry(at=now() if at is None else at, state=state, reason=reason)
+        )
         return True
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -41,29 +40,13 @@ from unicron.shared.messages import (
 )
 from unicron.shared.packages import PACKAGES_BUCKET
 from unicron.shared.reports import REPORT_SUBJECT_PREFIX
+from unicron.shared.roles import ServiceRole as ServiceRole
 
 # The JetStream streams of shared/bus.py STREAMS, and the one behind the packages' object store.
 EVENTS, COMMANDS, REPORTS = "UNICRON_EVENTS", "UNICRON_COMMANDS", "UNICRON_REPORTS"
 PACKAGES = f"OBJ_{PACKAGES_BUCKET}"
 # A node id is one subject token and part of a user name: no dots, wildcards or spaces.
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
-
-
-class ServiceRole(StrEnum):
-    """What a NATS (and Redis) user is for; ``admin`` is for operators' tools (benchmarks, the
-    ``nats`` CLI), never for a service."""
-
-    API = "api"
-    DETECTOR = "detector"
-    PLANNER = "planner"
-    EXECUTOR = "executor"
-    AGENT = "agent"
-    ADMIN = "admin"
-
-    @property
-    def manages_streams(self) -> bool:
-        """Whether this role creates the streams; every other waits until they exist."""
-        return self in (ServiceRole.API, ServiceRole.ADMIN)
 
 
 class CredentialsError(RuntimeError):

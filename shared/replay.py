@@ -8,7 +8,8 @@ workers each job's current generation runs now, comes from the agents' inventori
 (:mod:`services.executor.rebuild`). Pure: events in, records out (docs/design.md §6).
 
 Replay is fenced like the live handlers: a finished job stays finished whatever comes later,
-and an event of an older generation than the job's changes nothing.
+an event of an older generation than the job's changes nothing, and a state change must be a
+move of the lifecycle's table (:mod:`shared.lifecycle`, which says why it may skip a state).
 """
 
 from __future__ import annotations
@@ -157,10 +158,12 @@ class Replayer:
 def _state_changed(job: Job, data: JobStateChanged, at: float) -> None:
     if data.generation < job.generation and not data.new.terminal:
         return  # an older generation's news
+    # restored even when a lost announcement left the job elsewhere (shared/lifecycle.py)
+    job.replay_state(data.old, data.new, data.reason, at)
+    if job.state != data.new:
+        return  # refused (logged): the lifecycle has no such move
     job.generation = max(job.generation, data.generation)
     job.step = data.step
-    job.state = data.new
-    job.history.append(HistoryEntry(at=at, state=data.new, reason=data.reason))
     if data.new == JobState.PENDING:  # preempted: its workers were stopped
         job.world_size = 0
         job.transition = None

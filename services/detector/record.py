@@ -20,6 +20,7 @@ from unicron.shared.bus import Bus
 from unicron.shared.events import FailureDetected, JobStateChanged
 from unicron.shared.logging import get_logger
 from unicron.shared.models import Job, JobState
+from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
 from unicron.shared.taxonomy import (
     FailureCategory,
@@ -151,12 +152,15 @@ class FailureRecorder:
             marked = False
             if j.generation != failure.generation or _already_recorded(j, failure.generation):
                 return False
+            if j.state.terminal:  # cancelled since it was read: nothing left to recover
+                return False
             j.last_failure = failure.record(j.step)
             fatal = _gives_up(j, failure, launch_failed)
             if fatal is not None:
-                j.set_state(JobState.FAILED, fatal)
+                j.set_state(JobState.FAILED, fatal, by=ServiceRole.DETECTOR)
             else:
-                j.set_state(JobState.RECOVERING, f"{failure.kind.value}: {failure.category.value}")
+                why = f"{failure.kind.value}: {failure.category.value}"
+                j.set_state(JobState.RECOVERING, why, by=ServiceRole.DETECTOR)
             marked = True
             return True
 

@@ -24,6 +24,7 @@ from unicron.shared.models import (
     WorkerState,
 )
 from unicron.shared.reports import AnyWorkerReport, WorkerExited, WorkerRegrouped, WorkerStarted
+from unicron.shared.roles import ServiceRole
 from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 Seat = tuple[str, int, int]  # (job id, generation, rank)
@@ -117,9 +118,8 @@ def _lost(job: Job, lost: list[WorkerRecord], at: float) -> None:
         observed_at=at,
         message=why,
     ).record(job.step)
-    job.set_state(
-        JobState.RECOVERING, f"rebuild: rank(s) {ranks} of generation {job.generation} lost"
-    )
+    reason = f"rebuild: rank(s) {ranks} of generation {job.generation} lost"
+    job.set_state(JobState.RECOVERING, reason, by=ServiceRole.EXECUTOR)
 
 
 def adopt(
@@ -141,7 +141,7 @@ def adopt(
     heartbeats = {n.id: n.last_heartbeat for n in nodes}
     job.workers = [_seat(job, r, running, traces, heartbeats) for r in range(world)]
     if world and all(w.state == WorkerState.SUCCEEDED for w in job.workers):
-        job.set_state(JobState.SUCCEEDED, f"all {world} workers finished")
+        job.set_state(JobState.SUCCEEDED, f"all {world} workers finished", by=ServiceRole.EXECUTOR)
         return job
     lost = [w for w in job.workers if w.state in (WorkerState.FAILED, WorkerState.STOPPED)]
     if lost and not job.needs_recovery():

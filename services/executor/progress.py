@@ -24,6 +24,7 @@ from unicron.shared.reports import (
     WorkerRegrouped,
     WorkerStarted,
 )
+from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
 
 Report = AnyWorkerReport
@@ -101,7 +102,7 @@ class ProgressTracker:
         plain = job.spec.entrypoint is not None and not job.needs_recovery() and job.step == 0
         if plain and everyone and job.state in _TRANSITIONING:
             reason = f"generation {job.generation}: all {len(job.workers)} workers started"
-            job.set_state(JobState.RUNNING, reason)
+            job.set_state(JobState.RUNNING, reason, by=ServiceRole.EXECUTOR)
         return True
 
     @staticmethod
@@ -126,7 +127,8 @@ class ProgressTracker:
         worker.state = _worker_exit_state(report)
         done = all(w.state == WorkerState.SUCCEEDED for w in job.workers)
         if done and not job.state.terminal:
-            job.set_state(JobState.SUCCEEDED, f"all {len(job.workers)} workers finished")
+            reason = f"all {len(job.workers)} workers finished"
+            job.set_state(JobState.SUCCEEDED, reason, by=ServiceRole.EXECUTOR)
         return True
 
     async def _on_exit(self, report: WorkerExited) -> None:
@@ -146,15 +148,21 @@ class ProgressTracker:
             await self.on_failed(job.id, job.generation, _exit_text(report))
 
     async def _on_step(self, report: StepCompleted) -> None:
+        began = False  # this report is the generation's first step: its transition is done
+
         def advance(job: Job) -> bool:
+            nonlocal began
             if job.state.terminal:  # a late step of a cancelled job never revives it
                 return False
             # a late step of a generation already recorded as failed starts nothing
             fresh = not job.needs_recovery()
             first_step = fresh and (job.state in _TRANSITIONING or not job.stepping)
+            began = first_step and job.state in _TRANSITIONING
             if first_step:
                 job.stepping = True
-                job.set_state(JobState.RUNNING, f"generation {job.generation} stepping")
+                if job.state != JobState.RUNNING:  # RUNNING already once its workers started
+                    reason = f"generation {job.generation} stepping"
+                    job.set_state(JobState.RUNNING, reason, by=ServiceRole.EXECUTOR)
             if report.rank == 0 and report.step != job.step:
                 job.step = report.step
                 job.loss = report.loss
@@ -162,7 +170,7 @@ class ProgressTracker:
             return first_step
 
         changed = await self._update(report, advance)
-        if changed is not None and changed[0].state in _TRANSITIONING:
+        if changed is not None and began:
             await self._complete_transition(changed[0], changed[1], report)
 
     async def _complete_transition(self, before: Job, job: Job, report: StepCompleted) -> None:

@@ -41,6 +41,7 @@ from unicron.shared.models import (
     now,
 )
 from unicron.shared.plans import JobAllocation, Plan
+from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
 
 _LAUNCHES = (PlanAction.START, PlanAction.RESTART, PlanAction.RESIZE)
@@ -102,8 +103,10 @@ class TransitionRunner:
             if give_up:
                 job.workers = []
                 job.world_size = 0
-                job.set_state(JobState.FAILED, f"gave up after {job.recoveries} recoveries")
-                return True
+                reason = f"gave up after {job.recoveries} recoveries"
+                if not job.set_state(JobState.FAILED, reason, by=ServiceRole.EXECUTOR):
+                    before = None  # refused (logged): leave the record as it was
+                return before is not None
             job.world_size = alloc.workers
             fresh = [WorkerRecord(rank=r, node_id=n) for r, n in enumerate(alloc.nodes)]
             job.workers = kept if kept is not None else fresh
@@ -122,8 +125,12 @@ class TransitionRunner:
                     f"{len(kept) - survivors} joining"
                 )
             state = JobState.RECOVERING if recovering else JobState.STARTING
-            if not job.set_state(state, reason) and kept is not None:
-                job.history.append(HistoryEntry(state=job.state, reason=reason))
+            if not job.set_state(state, reason, by=ServiceRole.EXECUTOR):
+                if job.state != state:
+                    before = None  # refused (logged): leave the record as it was
+                    return False
+                if kept is not None:  # a new attempt of the recovery under way
+                    job.history.append(HistoryEntry(state=job.state, reason=reason))
             return True
 
         job = await self.state.update_job(alloc.job_id, prepare)
@@ -190,7 +197,10 @@ class TransitionRunner:
                 f"in-place transition to generation {generation} failed ({why}); "
                 f"generation {job.generation} restarts every rank from the checkpoint"
             )
-            if not job.set_state(JobState.RECOVERING, reason):
+            if not job.set_state(JobState.RECOVERING, reason, by=ServiceRole.EXECUTOR):
+                if job.state != JobState.RECOVERING:
+                    before = None  # refused (logged): leave the record as it was
+                    return False
                 job.history.append(HistoryEntry(state=job.state, reason=reason))
             return True
 
@@ -232,7 +242,9 @@ class TransitionRunner:
                 job.generation += 1  # the stopped workers' reports are now stale
                 job.workers = []
                 job.world_size = 0
-                job.set_state(JobState.PENDING, f"plan {plan.seq}: preempted")
+                job.set_state(
+                    JobState.PENDING, f"plan {plan.seq}: preempted", by=ServiceRole.EXECUTOR
+                )
             return True
 
         job = await self.state.update_job(alloc.job_id, preempt)

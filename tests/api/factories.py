@@ -4,6 +4,7 @@ command queue on the bus, and the tokens of a secured API."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -17,6 +18,7 @@ from unicron.shared.messages import (
     command_subject,
 )
 from unicron.shared.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
+from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
 
 ADMIN = "admin-token-0123456789abcdef"
@@ -31,6 +33,19 @@ TOKENS = {
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def moved(*states: JobState, reason: str = "") -> Callable[[Job], bool]:
+    """A record update that moves the job along ``states`` as the executor would, each step a
+    move of the lifecycle (shared/lifecycle.py); the last one records ``reason``."""
+
+    def move(job: Job) -> bool:
+        for state in states:
+            why = reason if state == states[-1] and reason else f"to {state.value}"
+            assert job.set_state(state, why, by=ServiceRole.EXECUTOR), (job.state, state)
+        return True
+
+    return move
 
 
 async def put_job(

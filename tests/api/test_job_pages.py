@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.factories import TOKENS, USER_A, USER_B, bearer, put_job
+from tests.api.factories import TOKENS, USER_A, USER_B, bearer, moved, put_job
 from tests.api.live import eventually, serve_api
 from unicron.services.api.paging import encode_cursor, page_jobs
 from unicron.shared.jobindex import JobPosition
@@ -136,7 +136,7 @@ async def test_a_finished_job_expires_after_its_retention_and_a_running_one_stay
         running = (await put_job(writer, "job-running")).id
         succeeded = (await put_job(writer, "job-succeeded")).id
         assert (await client.post(f"/v1/jobs/{cancelled}/cancel")).status_code == 200
-        await writer.update_job(succeeded, lambda j: j.set_state(JobState.SUCCEEDED, "done"))
+        await writer.update_job(succeeded, moved(JobState.SUCCEEDED))
         listed = [j["id"] for j in (await client.get("/v1/jobs")).json()]
         assert listed == [pending, cancelled, running, succeeded]
 
@@ -158,7 +158,7 @@ async def test_a_finished_job_whose_expiry_was_never_set_is_dropped_by_the_listi
 ) -> None:
     """A writer that died between writing the record and setting its expiry."""
     ended = Job(id="job-old", name="old", spec=JobSpec(name="old"))
-    ended.set_state(JobState.FAILED, "gave up")
+    moved(JobState.STARTING, JobState.FAILED, reason="gave up")(ended)
     ended.history[-1].at = time.time() - 2 * RETENTION_S
     await state.create_job(ended)  # this store's retention is the default week
     assert await state.redis.ttl(state._key("job", ended.id)) > 0

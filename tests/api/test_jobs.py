@@ -10,6 +10,7 @@ from typing import cast
 import httpx
 import pytest
 
+from tests.api.factories import moved
 from unicron.shared.bus import Bus
 from unicron.shared.events import CloudEvent
 from unicron.shared.models import JobState, NodeRecord
@@ -124,7 +125,7 @@ async def test_cancel_ends_the_job_and_announces_it_once(
     client: httpx.AsyncClient, bus: Bus, state: StateStore
 ) -> None:
     job_id = (await client.post("/v1/jobs", json=SPEC)).json()["id"]
-    await state.update_job(job_id, lambda j: j.set_state(JobState.RUNNING, "started"))
+    await state.update_job(job_id, moved(JobState.STARTING, JobState.RUNNING))
 
     response = await client.post(f"/v1/jobs/{job_id}/cancel")
     assert response.status_code == 200
@@ -146,7 +147,7 @@ async def test_cancel_of_a_finished_job_is_a_conflict(
     client: httpx.AsyncClient, state: StateStore
 ) -> None:
     job_id = (await client.post("/v1/jobs", json=SPEC)).json()["id"]
-    await state.update_job(job_id, lambda j: j.set_state(JobState.SUCCEEDED, "done"))
+    await state.update_job(job_id, moved(JobState.STARTING, JobState.SUCCEEDED))
     response = await client.post(f"/v1/jobs/{job_id}/cancel")
     assert response.status_code == 409
     assert "SUCCEEDED" in response.json()["detail"]

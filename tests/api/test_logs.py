@@ -17,6 +17,7 @@ from tests.api.live import serve_api
 from tests.api.log_nodes import JOB, Node, serve_nodes
 from unicron.shared.bus import Bus
 from unicron.shared.models import Job, JobState
+from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
 
 LINES = [f"step {i} loss {1 / (i + 1):.3f}" for i in range(150)]
@@ -50,7 +51,9 @@ async def test_rank_1_is_read_from_its_node_while_running_and_after(
     assert await text(client, rank=1, generation=2) == "rank 1 of generation 2 ran on node-a\n"
 
     nodes["node-b"].write(3, 1, "done", running=False)
-    await state.update_job(JOB, lambda job: job.set_state(JobState.SUCCEEDED, "finished"))
+    await state.update_job(
+        JOB, lambda job: job.set_state(JobState.SUCCEEDED, "finished", by=ServiceRole.EXECUTOR)
+    )
     assert await text(client, rank=1, tail=1) == "done\n"
     follow_of_a_finished_rank = await text(client, rank=1, tail=2, follow="true")
     assert follow_of_a_finished_rank == f"{LINES[-1]}\ndone\n"

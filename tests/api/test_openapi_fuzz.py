@@ -49,6 +49,7 @@ from unicron.shared.bus import Bus
 from unicron.shared.calibration import CALIBRATION_KEY, CalibrationRecord
 from unicron.shared.models import Job, JobState, NodeRecord, PlanAction
 from unicron.shared.plans import JobAllocation, Plan
+from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
 
 CHECKS = [
@@ -133,7 +134,9 @@ async def seed_cluster(root: Path, bus: Bus, state: StateStore) -> Known:
     await bus.nc.flush()
     await put_job(state, JOB, generation=3)
     done = await put_job(state, "job-done", job_state=JobState.RUNNING)
-    await state.update_job(done.id, lambda job: job.set_state(JobState.SUCCEEDED, "done"))
+    await state.update_job(
+        done.id, lambda job: job.set_state(JobState.SUCCEEDED, "done", by=ServiceRole.EXECUTOR)
+    )
     pending = await put_job(state, "job-pending", job_state=JobState.PENDING)
 
     def of_tenant_a(job: Job) -> None:

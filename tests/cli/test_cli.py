@@ -7,6 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner, Result
 
+from tests.api.factories import moved
 from tests.api.live import eventually
 from unicron.cli.client import ApiClient
 from unicron.cli.main import app
@@ -104,7 +105,7 @@ async def test_bad_input_exits_2_with_the_reason(
 
     assert (await unicron("submit", "--name", "done", api_url=api_url)).exit_code == 0
     [job] = await state.list_jobs()
-    await state.update_job(job.id, lambda j: j.set_state(JobState.SUCCEEDED, "finished"))
+    await state.update_job(job.id, moved(JobState.STARTING, JobState.SUCCEEDED))
     conflict = await unicron("cancel", job.id, api_url=api_url)
     assert conflict.exit_code == 2 and "already ended as SUCCEEDED" in conflict.stderr
 
@@ -165,12 +166,12 @@ async def test_submit_follow_shows_progress_until_the_job_ends(
     job_id = job.id
 
     def running(job: Job) -> None:
-        job.set_state(JobState.RUNNING, "first step done")
+        moved(JobState.STARTING, JobState.RUNNING, reason="first step done")(job)
         job.step = 5
 
     await state.update_job(job_id, running)
     assert not follow.done()
-    await state.update_job(job_id, lambda j: j.set_state(JobState.SUCCEEDED, "all steps done"))
+    await state.update_job(job_id, moved(JobState.SUCCEEDED, reason="all steps done"))
     result = await follow
     assert result.exit_code == 0, result.output
     assert "first step done" in result.stdout and "all steps done" in result.stdout

@@ -30,6 +30,7 @@ from unicron.shared.models import (
 )
 from unicron.shared.plans import JobAllocation, Plan
 from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
 
 C = TypeVar("C", bound=AnyAgentCommand)
@@ -160,7 +161,7 @@ async def fail(
         )  # fmt: skip
         for r in dead:
             job.workers[r].state = WorkerState.FAILED
-        job.set_state(JobState.RECOVERING, f"{kind}")
+        job.set_state(JobState.RECOVERING, f"{kind}", by=ServiceRole.DETECTOR)
         return True
 
     updated = await state.update_job(job_id, mark)
@@ -184,3 +185,20 @@ async def apply(
     await state.save_plan(plan)
     await executor.transitions.apply_plan(plan)
     return plan
+
+
+async def job_where(state: StateStore, job_id: str, ok: object, within: float = 30) -> Job:
+    found: list[Job] = []
+
+    async def probe() -> bool:
+        job = await state.get_job(job_id)
+        if job is not None and ok(job):  # type: ignore[operator]
+            found.append(job)
+            return True
+        return False
+
+    async with asyncio.timeout(within):
+        # job records have no push channel of their own; Redis is polled, bounded
+        while not await probe():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    return found[0]

@@ -6,7 +6,9 @@ the commands, and the test answers with the reports real agents and workers woul
 
 from __future__ import annotations
 
-from tests.executor.conftest import PORTS, Events, FakeAgent, apply, fail, running_job
+import structlog
+
+from tests.executor.conftest import PORTS, Events, FakeAgent, apply, fail, job_where, running_job
 from unicron.services.executor.service import Executor
 from unicron.shared.bus import Bus
 from unicron.shared.events import TransitionCompleted, TransitionStarted
@@ -115,6 +117,18 @@ async def test_restart_starts_a_joiner_and_regroups_survivors_then_completes(
     after = await state.get_job(job.id)
     assert after is not None and after.state == JobState.RUNNING and after.stepping
     assert after.recoveries == 1
+
+    # Generation 2 fails in turn: the steps its survivors still report end no transition.
+    # (Its event would be dropped as a duplicate by the bus: the executor's log tells.)
+    await fail(state, job.id, "restart", rank=3)
+    with structlog.testing.capture_logs() as logs:
+        for step in (14, 15):
+            await bus.publish_report(
+                StepCompleted(node_id="n0", job_id=job.id, generation=2, rank=0, step=step,
+                              loss=1.0, iteration_s=0.1)
+            )  # fmt: skip
+        await job_where(state, job.id, lambda j: j.step == 15)
+    assert [e for e in logs if e["event"] == "transition completed"] == []
 
 
 async def test_node_loss_shrinks_by_compacting_the_survivors(

@@ -12,28 +12,11 @@ import time
 from pathlib import Path
 
 from tests.agent.conftest import NODE
-from tests.executor.conftest import Events, apply, fail, spec
+from tests.executor.conftest import Events, apply, fail, job_where, spec
 from unicron.services.executor.service import Executor
 from unicron.shared.events import NodeJoined, TransitionCompleted
 from unicron.shared.models import Job, JobState, PlanAction, WorkerState
 from unicron.shared.state import StateStore
-
-
-async def job_where(state: StateStore, job_id: str, ok: object, within: float = 30) -> Job:
-    found: list[Job] = []
-
-    async def probe() -> bool:
-        job = await state.get_job(job_id)
-        if job is not None and ok(job):  # type: ignore[operator]
-            found.append(job)
-            return True
-        return False
-
-    async with asyncio.timeout(within):
-        # job records have no push channel of their own; Redis is polled, bounded
-        while not await probe():  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-    return found[0]
 
 
 async def spare_ready(state: StateStore, after: float, within: float = 30) -> None:

@@ -24,6 +24,7 @@ from unicron.shared.events import JobStateChanged, JobSubmitted
 from unicron.shared.logging import get_logger
 from unicron.shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
 from unicron.shared.packages import has_package
+from unicron.shared.roles import ServiceRole
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = get_logger(component="api.jobs")
@@ -182,7 +183,9 @@ async def cancel_job(job_id: str, bus: BusDep, state: StateDep, caller: Principa
 
     def cancel(job: Job) -> bool:
         before[:] = [job.state]  # the last attempt of the optimistic transaction wins
-        return not job.state.terminal and job.set_state(JobState.CANCELLED, CANCEL_REASON)
+        if job.state.terminal:
+            return False
+        return job.set_state(JobState.CANCELLED, CANCEL_REASON, by=ServiceRole.API)
 
     job = await state.update_job(job_id, cancel)
     if job is None:
