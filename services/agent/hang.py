@@ -1,4 +1,4 @@
-"""Hang detection from the workers' step heartbeats (DESIGN §3, online statistics).
+"""Hang detection from the workers' step heartbeats (docs/design.md §3, online statistics).
 
 Every ``StepCompleted`` a live worker sends is its heartbeat. A worker that completes no step
 for longer than ``max(factor * mean, mean + margin)`` is hung, where ``mean`` is a robust

@@ -45,7 +45,7 @@ class AgentSettings(CommonSettings):
         2.0, ge=0, description="wait after a spare served a start before starting the next one"
     )
 
-    # hang detection: no step for max(factor x mean, mean + margin) is a hang (DESIGN §3)
+    # hang detection: no step for max(factor x mean, mean + margin) is a hang (docs/design.md §3)
     hang_factor: float = Field(3.0, gt=1.0, description="threshold in running-mean step times")
     hang_margin_s: float = Field(
         0.5, ge=0, description="least slack over the mean, for short steps and scheduling noise"

@@ -1,7 +1,7 @@
 """The node's rendezvous store: one TCPStore hosted by the agent for the node's whole life.
 
 Workers of every generation meet in it under a per-generation prefix, so a rendezvous
-outlives any worker that dies (DESIGN §5). The agent binds the listening socket itself and
+outlives any worker that dies (docs/design.md §5). The agent binds the listening socket itself and
 hands it to torch, so the store listens on the configured address only — TCPStore alone would
 listen on every interface.
 """
