@@ -2,8 +2,8 @@
 
 Workers and the supervisor hand messages to the outbox and go on at once; one task publishes
 them in order and retries while NATS is away, so neither training nor the heartbeat ever waits
-on the control plane (docs/design.md §6). While disconnected it does not publish at all: nats-py would
-buffer each retry and flush them all on reconnect as duplicates.
+on the control plane (docs/design.md §6). While disconnected it does not publish at all:
+nats-py would buffer each retry and flush them all on reconnect as duplicates.
 """
 
 from __future__ import annotations
