@@ -19,7 +19,7 @@ def exactly_once(
     return sorted(covered) == list(range(total))
 
 
-def test_survivors_keep_their_sums_and_the_lost_rank_s_micro_batches_are_dealt_out() -> None:
+def test_survivors_keep_their_sums_and_the_joiner_sums_what_the_lost_rank_would_have() -> None:
     # World 4 lost rank 1 mid-step 5; the survivors summed their shares (8 micro-batches).
     holdings = [
         Holding(True, 5, [0, 4]),
@@ -30,14 +30,29 @@ def test_survivors_keep_their_sums_and_the_lost_rank_s_micro_batches_are_dealt_o
     plan = plan_handoff(holdings, total=8)
     assert plan.target_step == 5 and plan.source == 0 and plan.receivers == {3}
     assert plan.kept == {0: [0, 4], 1: [2, 6], 2: [3]}
-    assert plan.assigned == {0: [1], 1: [5], 2: [7], 3: []}
+    # Each rank ends with the partial sum one rank of a run without faults has: the float
+    # sums of the step are those of that run, not just its samples.
+    assert plan.assigned == {0: [], 1: [], 2: [7], 3: [1, 5]}
     assert exactly_once(plan.kept, plan.assigned, 8)
 
 
 def test_no_broadcast_when_every_rank_already_holds_the_state() -> None:
     plan = plan_handoff([Holding(True, 9, [0, 2]), Holding(True, 9, [])], total=4)
     assert plan.source is None and not plan.receivers
-    assert plan.assigned == {0: [1], 1: [3]}
+    assert plan.assigned == {0: [], 1: [1, 3]}
+
+
+def test_a_survivor_that_changes_rank_keeps_its_share_and_the_joiner_takes_the_other() -> None:
+    # Rank 0 of two died; the survivor, rank 1 until now, is rank 0 of the new group.
+    plan = plan_handoff([Holding(True, 4, [1]), Holding(False, 1, [], 0)], total=6)
+    assert plan.assigned == {0: [3, 5], 1: [0, 2, 4]}
+
+
+def test_sums_kept_across_a_change_of_world_size_are_completed_round_robin() -> None:
+    # Four ranks shrank to two mid-step: the kept shares straddle the new world's shares.
+    plan = plan_handoff([Holding(True, 3, [0, 4]), Holding(True, 3, [2, 6])], total=8)
+    assert plan.assigned == {0: [1, 5], 1: [3, 7]}
+    assert exactly_once(plan.kept, plan.assigned, 8)
 
 
 def test_a_rank_that_lags_a_completed_step_drops_its_sums_and_takes_the_state() -> None:
