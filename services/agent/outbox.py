@@ -27,6 +27,7 @@ log = get_logger(component="outbox")
 MAX_PENDING = 10_000
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
+DISCONNECTED_POLL_S = 0.05
 
 
 class Sink(Protocol):
@@ -94,13 +95,18 @@ class Outbox:
         """Publish one item, retrying with backoff until it is stored by JetStream."""
         delay = RETRY_MIN_S
         while True:
-            if self.bus.nc.is_connected:
-                try:
-                    await item.send()
-                    self._outage.ok()
-                    return
-                except Exception as exc:
-                    self._outage.failed(exc)
+            if not self.bus.nc.is_connected:
+                # nats-py reconnects; a report waiting for it goes the moment it is back, not
+                # after a back-off grown while the server was away (a hang's report is late
+                # by exactly that much).
+                await asyncio.sleep(DISCONNECTED_POLL_S)
+                continue
+            try:
+                await item.send()
+                self._outage.ok()
+                return
+            except Exception as exc:
+                self._outage.failed(exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
 
