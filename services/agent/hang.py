@@ -4,12 +4,14 @@ Every ``StepCompleted`` a live worker sends is its heartbeat. A worker that comp
 for longer than ``max(factor * mean, mean + margin)`` is hung, where ``mean`` is a robust
 running mean of its step time: the median of its last few reported ``iteration_s`` and of the
 gaps between the steps as the agent saw them (whichever is larger), so one slow step — a
-checkpoint, a GC pause — moves it not at all. Before the first step the floor is
-``hang_startup_s`` (imports, rendezvous, checkpoint load) and until a few steps are seen it is
-``hang_warmup_s``, again after each re-formation in place (the new group's first steps wait
-for a joiner's first compute and a busy node's new processes); while the worker says it is
-writing a checkpoint it is ``hang_checkpoint_s``, and the checkpoint's time does not count
-against the step after it.
+checkpoint, a GC pause — moves it not at all. The threshold is also at least
+``hang_jitter_factor`` times the longest of those recent gaps: on a busy node a healthy
+worker is descheduled for a while now and then, and a stall it just survived is no hang.
+Before the first step the floor is ``hang_startup_s`` (imports, rendezvous, checkpoint load)
+and until a few steps are seen it is ``hang_warmup_s``, again after each re-formation in place
+(the new group's first steps wait for a joiner's first compute and a busy node's new
+processes); while the worker says it is writing a checkpoint it is ``hang_checkpoint_s``, and
+the checkpoint's time does not count against the step after it.
 
 A hung worker is reported once per (job, generation, rank, last step) as ``WorkerHung`` with
 its ``/proc`` state (``T``: stopped by a signal, which never shows up as an exit) and the phase
@@ -121,7 +123,7 @@ class HangWatch:
                 track.since = at  # a checkpoint is not part of a step: its time must not count
             track.phase = report.phase
             return
-        if track.steps:
+        if track.fresh_steps:  # the first step after a (re)start waited for more than a step
             track.gaps.append(at - track.since)
         track.iterations.append(report.iteration_s)
         track.steps += 1
@@ -148,6 +150,8 @@ class HangWatch:
             limit = s.hang_startup_s
         else:
             limit = max(s.hang_factor * mean, mean + s.hang_margin_s)
+            if track.gaps:  # how this worker steps on this node now, stalls included
+                limit = max(limit, s.hang_jitter_factor * max(track.gaps))
             if track.fresh_steps < s.hang_warmup_steps:
                 limit = max(limit, s.hang_warmup_s)
         if track.phase == "checkpoint":

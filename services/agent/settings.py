@@ -51,6 +51,9 @@ class AgentSettings(CommonSettings):
         0.5, ge=0, description="least slack over the mean, for short steps and scheduling noise"
     )
     hang_window: int = Field(20, ge=1, description="steps in the running median")
+    hang_jitter_factor: float = Field(
+        1.5, ge=1.0, description="threshold at least this many times the longest recent gap"
+    )
     hang_startup_s: float = Field(60.0, gt=0, description="floor before the first step")
     hang_warmup_s: float = Field(10.0, gt=0, description="floor until hang_warmup_steps")
     hang_warmup_steps: int = Field(5, ge=0, description="steps seen before the floor lifts")

@@ -14,7 +14,9 @@ from collections.abc import Awaitable, Callable
 from unicron.services.detector.signals import Candidate, root_cause
 from unicron.shared.outage import Outage, is_outage
 
-Emit = Callable[[Candidate], Awaitable[None]]
+# Records the root cause; False when it was dismissed as no fault at all, so that later reports
+# of the same generation are still heard.
+Emit = Callable[[Candidate], Awaitable[bool]]
 # Given the candidates so far, how many more seconds to wait for a root cause (0: none).
 Hold = Callable[[list[Candidate]], Awaitable[float]]
 
@@ -71,7 +73,8 @@ class Correlator:
             return
         self._done.add(key)
         try:
-            await self._emit(root_cause(group))
+            if not await self._emit(root_cause(group)):
+                self._done.discard(key)
         except BaseException:
             # Not recorded (Redis away, say): the bus hands the report back, and its retry
             # must find the fault still pending, not already done.

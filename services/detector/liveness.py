@@ -17,6 +17,7 @@ from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
 from unicron.shared.bus import Bus
 from unicron.shared.hearing import Hearing
+from unicron.shared.logging import get_logger
 from unicron.shared.messages import ping_subject
 from unicron.shared.models import NodeState, WorkerState, now
 from unicron.shared.state import StateStore
@@ -60,6 +61,21 @@ class Liveness:
             # The rank that hangs in its compute reports within a check interval of its peers.
             return self.settings.hang_grace_s
         return 0.0
+
+    async def stepped_on(self, cause: Candidate) -> bool:
+        """A rank found silent inside a collective, while the job completed a later step: it
+        waited on a slow peer (a busy node), and there is no fault to record."""
+        last_step = cause.evidence.get("last_step")
+        if not (cause.kind == FailureKind.HANG and cause.waiting) or last_step is None:
+            return False
+        job = await self.state.get_job(cause.job_id)
+        moved = job is not None and job.generation == cause.generation and job.step > last_step
+        if moved and job is not None:
+            get_logger(job_id=cause.job_id, node_id=cause.node_id).info(
+                "hang dismissed: the job stepped on", rank=cause.rank, last_step=last_step,
+                step=job.step,
+            )  # fmt: skip
+        return moved
 
     async def _until_verdict(self, node_ids: list[str]) -> float:
         waits = []

@@ -52,8 +52,11 @@ class Detector:
         # Stragglers are advisory: they bypass correlation so a later fault is still reported.
         self.stragglers = StragglerWatch(settings, self._emit)
 
-    async def _emit(self, cause: Candidate) -> None:
+    async def _emit(self, cause: Candidate) -> bool:
+        if await self.liveness.stepped_on(cause):
+            return False
         await self.recorder.record(cause)
+        return True
 
     async def on_report(self, report: AnyWorkerReport) -> None:
         if isinstance(report, StepCompleted):

@@ -30,7 +30,7 @@ class _JobWindow:
 
 
 class StragglerWatch:
-    def __init__(self, settings: DetectorSettings, emit: Callable[[Candidate], Awaitable[None]]):
+    def __init__(self, settings: DetectorSettings, emit: Callable[[Candidate], Awaitable[object]]):
         self.settings = settings
         self._emit = emit
         self._jobs: dict[_Key, _JobWindow] = {}

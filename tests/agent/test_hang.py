@@ -87,6 +87,19 @@ def test_thresholds_follow_the_running_median(setup: tuple[HangWatch, Clock, lis
     assert watch.threshold(watch._tracks[KEY]) == pytest.approx(3.0)
 
 
+def test_a_stall_the_worker_just_survived_is_no_hang(
+    setup: tuple[HangWatch, Clock, list[Worker]],
+) -> None:
+    # A busy node descheduled the worker for 0.5 s: a healthy step, slower than mean + margin.
+    watch, clock, _ = setup
+    steps(watch, clock, 10, 0.04)
+    steps(watch, clock, 1, 0.5)
+    steps(watch, clock, 3, 0.04)
+    assert watch.threshold(watch._tracks[KEY]) == pytest.approx(0.75)  # 1.5 x the stall
+    steps(watch, clock, 20, 0.04)  # out of the window: back to mean + margin
+    assert watch.threshold(watch._tracks[KEY]) == pytest.approx(0.54)
+
+
 def test_a_hang_is_reported_once_per_step(setup: tuple[HangWatch, Clock, list[Worker]]) -> None:
     watch, clock, _ = setup
     steps(watch, clock, 10, 0.04)

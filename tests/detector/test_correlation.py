@@ -11,7 +11,7 @@ from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.signals import Candidate
 from unicron.shared.bus import Bus
 from unicron.shared.events import CloudEvent
-from unicron.shared.models import NodeState
+from unicron.shared.models import Job, NodeState
 from unicron.shared.reports import WorkerException, WorkerExited, WorkerHung
 from unicron.shared.state import StateStore
 from unicron.shared.taxonomy import FailureCategory, FailureKind
@@ -223,10 +223,11 @@ async def test_a_fault_seen_while_redis_is_away_is_recorded_when_it_is_back() ->
     recorded: list[Candidate] = []
     redis_up = False
 
-    async def emit(cause: Candidate) -> None:
+    async def emit(cause: Candidate) -> bool:
         if not redis_up:
             raise ConnectionError("Error 111 connecting to Redis")
         recorded.append(cause)
+        return True
 
     correlator = Correlator(0.01, emit)
     with pytest.raises(ConnectionError):
@@ -242,13 +243,14 @@ async def test_a_held_secondary_fault_waits_out_an_outage_itself() -> None:
     failures = 0
     done = asyncio.Event()
 
-    async def emit(cause: Candidate) -> None:
+    async def emit(cause: Candidate) -> bool:
         nonlocal failures
         if failures < 2:
             failures += 1
             raise ConnectionRefusedError()
         recorded.append(cause)
         done.set()
+        return True
 
     correlator = Correlator(0.01, emit)
     reset = Candidate("job-d", 1, "node-0", 2, FailureKind.EXCEPTION, RESET, observed_at=1.0)
@@ -256,3 +258,29 @@ async def test_a_held_secondary_fault_waits_out_an_outage_itself() -> None:
     await asyncio.wait_for(done.wait(), 10)
     assert failures == 2 and recorded == [reset]
     await correlator.close()
+
+
+async def test_a_rank_waiting_on_a_slow_peer_is_no_hang_once_the_job_steps_on(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], state: StateStore
+) -> None:
+    # Found silent in the all-reduce on a busy node, but its peer was only slow: the job
+    # completed the step meanwhile. A real fault later in the generation is still heard.
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-s", ["node-0", "node-0"], step=40)
+    await bus.publish_report(
+        WorkerHung(node_id="node-0", job_id="job-s", generation=1, rank=1, pid=1001,
+                   silent_s=0.6, threshold_s=0.55, mean_iteration_s=0.03, process_state="S",
+                   phase="collective", last_step=40)
+    )  # fmt: skip
+
+    def stepped(job: Job) -> None:
+        job.step = 41
+
+    await state.update_job("job-s", stepped)
+    await no_event(events, "failure.detected", within_s=1.5)
+    await bus.publish_report(
+        WorkerExited(node_id="node-0", job_id="job-s", generation=1, rank=0, pid=1000,
+                     exit_code=None, signal=9)
+    )  # fmt: skip
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["kind"], failure["rank"]) == ("crash", 0)

@@ -100,5 +100,5 @@ async def test_a_restarted_detector_counts_silence_from_its_start(
     assert await monitor.check() == ["node-1"]
 
 
-async def _ignore(_: Candidate) -> None:
-    return None
+async def _ignore(_: Candidate) -> bool:
+    return True
