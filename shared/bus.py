@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
@@ -32,6 +33,7 @@ from unicron.shared.logging import get_logger
 from unicron.shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
 from unicron.shared.natslogin import NatsAccess, open_client
 from unicron.shared.outage import Outage
+from unicron.shared.packages import get_package
 from unicron.shared.reports import AnyWorkerReport, report_id, report_subject
 
 T = TypeVar("T")
@@ -91,6 +93,11 @@ class Bus:
             await bus.await_streams(connect_timeout_s)
         return bus
 
+    @property
+    def connected(self) -> bool:
+        """Whether the client is connected now (not while it reconnects)."""
+        return self.nc.is_connected
+
     async def ensure_streams(self) -> None:
         for name, subjects in STREAMS.items():
             max_age = REPORTS_MAX_AGE_S if name == "UNICRON_REPORTS" else None
@@ -104,18 +111,24 @@ class Bus:
         """Wait until the stream manager (the API) has created every stream."""
         deadline = time.monotonic() + timeout_s
         missing, told = list(STREAMS), False
-        while missing:
-            try:
-                await self.js.stream_info(missing[0])
-                missing.pop(0)
-                continue
-            except NotFoundError:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"streams {missing} not created in {timeout_s:g}s") from None
+        while True:
+            found = await asyncio.gather(*(self._has_stream(name) for name in missing))
+            missing = [name for name, ok in zip(missing, found, strict=True) if not ok]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"streams {missing} not created in {timeout_s:g}s")
             if not told:  # once, not once per attempt
                 log.info("waiting for the api to create the streams", missing=missing)
                 told = True
             await asyncio.sleep(0.5)
+
+    async def _has_stream(self, name: str) -> bool:
+        try:
+            await self.js.stream_info(name)
+        except NotFoundError:
+            return False
+        return True
 
     async def close(self) -> None:
         for sub in self._subs:
@@ -161,6 +174,23 @@ class Bus:
         )
         log.warning("message dead-lettered", subject=subject, reason=reason)
         await self._publish(DEADLETTER_SUBJECT, letter.model_dump_json().encode())
+
+    # --- request/reply and objects -------------------------------------------------------
+
+    async def serve(self, subject: str, answer: Callable[[bytes], Awaitable[bytes]]) -> None:
+        """Answer each core-NATS request on ``subject`` with what ``answer`` makes of its
+        payload. Nothing is stored: a request nobody is there to answer times out."""
+
+        async def respond(msg: Msg) -> None:
+            reply = await answer(msg.data)
+            if msg.reply:  # a plain publish to the subject expects no answer
+                await msg.respond(reply)
+
+        await self.nc.subscribe(subject, cb=respond)
+
+    async def package(self, sha256: str) -> bytes:
+        """A job package's bytes from the packages' object store (:mod:`shared.packages`)."""
+        return await get_package(self.js, sha256)
 
     # --- consuming -----------------------------------------------------------------------
 

@@ -121,15 +121,20 @@ class Detector:
 async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: DetectorSettings) -> None:
     detector = Detector(bus, state, settings)
     claims = ReportClaims(state)
-    for kind in CONSUMED_REPORTS:
-        await bus.consume(
-            f"{REPORT_SUBJECT_PREFIX}*.{kind}",
-            durable=f"detector-{kind}",
-            parse=WORKER_REPORT.validate_json,
-            handler=detector.on_report,
-            deliver_new=kind == "step_completed",  # telemetry is only useful live
-            claim=claims.check,
+    # Side by side: a restarted detector hears the reports it missed a few round trips sooner.
+    await asyncio.gather(
+        *(
+            bus.consume(
+                f"{REPORT_SUBJECT_PREFIX}*.{kind}",
+                durable=f"detector-{kind}",
+                parse=WORKER_REPORT.validate_json,
+                handler=detector.on_report,
+                deliver_new=kind == "step_completed",  # telemetry is only useful live
+                claim=claims.check,
+            )
+            for kind in CONSUMED_REPORTS
         )
+    )
     try:
         await detector.watch(stop)
     finally:
