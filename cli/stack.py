@@ -226,8 +226,9 @@ class Stack:
         log.warning("restarted", name=name, exit_code=code, restarts=count)
         return True
 
-    def supervise(self, stop: threading.Event, interval_s: float = 0.5) -> None:
-        """Restart what exits, with back-off, until ``stop`` is set (``unicron up``'s loop)."""
+    def supervise(self, stop: threading.Event, interval_s: float = 0.1) -> None:
+        """Restart what exits, with back-off, until ``stop`` is set (``unicron up``'s loop);
+        polled often, since a dead detector or planner delays every recovery until it is back."""
         while not stop.wait(interval_s):
             self.restart_exited(backoff=True)
 
