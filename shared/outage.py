@@ -5,10 +5,10 @@ when it ends, and waits longer between attempts while it lasts, instead of a tra
 attempt. Errors that are not an outage (a bug) still get their traceback, rate-limited by the
 same back-off so a bug cannot flood the log either.
 
-The back-off stops growing at one second: a control-plane loop is on the path of a recovery,
-and however long the server was away it must notice its return within a second (a 5-s cap
+The back-off stops growing at half a second: a control-plane loop is on the path of a
+recovery, and however long the server was away it must notice its return at once (a 5-s cap
 made a plan wait 2.2 s after a 1.6-s Redis restart). The loops that use it are a handful per
-service, not one per worker, so a second between attempts is no load on a recovering server.
+service, not one per worker, so two attempts a second are no load on a recovering server.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def is_outage(exc: BaseException) -> bool:
 class Outage:
     """Tracks one loop's outage: ``failed`` on each error, ``ok`` after each success."""
 
-    def __init__(self, what: str, base_s: float = 0.1, cap_s: float = 1.0, **context: Any):
+    def __init__(self, what: str, base_s: float = 0.1, cap_s: float = 0.5, **context: Any):
         self.what = what
         self.base_s = base_s
         self.cap_s = cap_s

@@ -3,7 +3,9 @@
 When a rank dies, its peers fail in the collective a few milliseconds later with connection
 errors. A candidate that is surely a root cause (a kill, a lost node, a CUDA error) is reported
 at once; a secondary one (a connection error) waits a short window for a better explanation,
-and longer while ``hold`` says a better one may still come (a node that stopped answering).
+and longer while ``hold`` says a better one may still come (a node that stopped answering, a
+rank that has not reported while its peers only wait on it). A rank that is gone (an exit,
+even with code 1) ends the wait of ranks that are only waiting.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ class Correlator:
             return
         group = self._pending.setdefault(key, [])
         group.append(candidate)
-        if not candidate.secondary:
+        # A rank that is gone explains the ranks that only wait on it: no need to wait more.
+        explains = not candidate.waiting and any(c.waiting for c in group)
+        if not candidate.secondary or explains:
             await self._flush(key)
         elif len(group) == 1:
             timer = asyncio.create_task(self._flush_later(key))

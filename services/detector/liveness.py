@@ -60,6 +60,11 @@ class Liveness:
         if all(c.kind == FailureKind.HANG for c in candidates) and len(reporters) < len(live):
             # The rank that hangs in its compute reports within a check interval of its peers.
             return self.settings.hang_grace_s
+        if all(c.waiting for c in candidates) and len(reporters) < len(live):
+            # Parked ranks name no culprit: the one that broke their collective is still to be
+            # heard from (its exit report comes through its agent); all parked is a network
+            # fault, recorded at once.
+            return self.settings.park_grace_s
         return 0.0
 
     async def stepped_on(self, cause: Candidate) -> bool:

@@ -12,6 +12,8 @@ class DetectorSettings(CommonSettings):
     ping_timeout_s: float = 0.25
     # Extra wait for the hung rank's own report after its peers' (see liveness.hold).
     hang_grace_s: float = 0.5
+    # Extra wait for the report of the rank whose peers parked after it broke their collective.
+    park_grace_s: float = 2.0
     # A failure of the generation that recovered from another within this window escalates,
     # unless that generation had trained this many steps since (its recovery worked).
     escalation_window_s: float = 300.0

@@ -182,9 +182,11 @@ class Planner:
                 await self.plan_once(summarise(triggers, RECONCILE))
                 outage.ok()
             except Exception as exc:
-                # Keep the triggers; the next reconcile tick retries with fresh inputs.
+                # Keep the triggers and try again after the back-off, not at the next tick: a
+                # failure waiting for this plan must not wait for Redis and then a tick more.
                 self._triggers = triggers + self._triggers
                 outage.failed(exc)
+                self._wake.set()
 
     async def inputs(self) -> ClusterInputs:
         nodes, jobs, calibration = await asyncio.gather(
