@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from unicron.shared.identity import JobRank
 from unicron.shared.models import JobSpec, new_id, now
 
 COMMAND_SUBJECT_PREFIX = "unicron.commands.agent."
@@ -45,12 +46,9 @@ class Rendezvous(Message):
     prefix: str
 
 
-class GroupSeat(Message):
+class GroupSeat(JobRank, Message):
     """One rank's seat in one generation of a job's process group, and where it meets."""
 
-    job_id: str
-    generation: int
-    rank: int
     world_size: int
     rendezvous: Rendezvous
     state_source_rank: int | None = Field(

@@ -9,21 +9,20 @@ opening ``WorkerHello``. The other direction, commands to agents and directives 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, model_validator
 
+from unicron.shared.identity import WorkerIdentity
 from unicron.shared.messages import Message
 from unicron.shared.models import now
+from unicron.shared.taxonomy import FailureCategory
+from unicron.shared.transitions import StateSource
 
 REPORT_SUBJECT_PREFIX = "unicron.reports."
 
 
-class _WorkerMessage(Message):
-    node_id: str
-    job_id: str
-    generation: int
-    rank: int
+class _WorkerMessage(WorkerIdentity, Message):
     at: float = Field(default_factory=now)
 
 
@@ -82,7 +81,7 @@ class WorkerRegrouped(_WorkerMessage):
     world_size: int
     regroup_s: float = Field(description="directive received → new process group formed")
     state_transfer_s: float = 0.0
-    state_source: Literal["memory", "peer", "checkpoint_memory", "disk", "none"]
+    state_source: StateSource
     resumed_step: int = Field(description="the step this worker will complete next")
     reused_micro_batches: int = Field(0, description="micro-batches of the interrupted step kept")
 
@@ -108,7 +107,7 @@ class WorkerException(_WorkerMessage):
     pid: int
     exc_type: str
     message: str
-    category: str
+    category: FailureCategory
     step: int | None = None
     launch_failed: bool = Field(
         False, description="the agent could not execute the job's command: no restart can help"
@@ -118,6 +117,20 @@ class WorkerException(_WorkerMessage):
         description="the rank lives on, parked with its memory until a regroup (a peer's "
         "failure broke its collective); otherwise the process exits after this report",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_category(cls, data: Any) -> Any:
+        """A category this version does not know (a worker of another release) reads as
+        software_other, the original named in the message: the failure is still recovered
+        from, and counted against the job's own code, rather than dropped as a dead letter."""
+        category = data.get("category") if isinstance(data, dict) else None
+        if not isinstance(category, str) or category in FailureCategory._value2member_map_:
+            return data
+        message = data.get("message")
+        note = f"(reported as category {category!r}, unknown here: read as software_other)"
+        text = f"{message}\n{note}" if isinstance(message, str) else message
+        return {**data, "category": FailureCategory.SOFTWARE_OTHER.value, "message": text}
 
 
 AnyWorkerReport = (

@@ -14,7 +14,6 @@ import contextlib
 import uuid
 
 import structlog
-from nats.aio.msg import Msg
 
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.failures import launch_failure_reports
@@ -32,13 +31,9 @@ from unicron.services.agent.regroup import Regrouper
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.spares import SparePool
 from unicron.services.agent.store import RendezvousStore
-from unicron.services.agent.supervisor import (
-    CommandRejectedError,
-    Supervisor,
-    Worker,
-    WorkerKey,
-)
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
 from unicron.shared.bus import Bus
+from unicron.shared.identity import WorkerKey
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import (
     AGENT_COMMAND,
@@ -69,39 +64,39 @@ class Agent:
         self.store = RendezvousStore(settings.host, settings.store_port, settings.store_bind_host)
         # absolute: workers get this path in their launch JSON and may change directory
         socket_path = (settings.data_dir / "agents" / f"{self.node_id}.sock").absolute()
-        self.supervisor = Supervisor(
-            self.node_id,
-            settings.data_dir,
-            build_registry(settings.entrypoints),
+        self.slots = SlotPool()  # filled with the node's devices once run() found them
+        # The channel asks the supervisor and the spares who a connecting process is, and the
+        # spares reach their processes through the channel: the agent's methods below stand
+        # between them, so each part is whole when it is made.
+        self.channel = WorkerChannel(
             socket_path,
+            self.node_id,
             self.outbox,
+            identify=self._identify,
+            on_generation=self._advance,
+            observe=self._observe,
         )
-        self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
-        self.masters = MasterStores(settings.host, self.store.bind_host)
-        packages = PackageDirs(bus.js, settings.data_dir)
-        self.preparer = StartPreparer(
-            state, packages, self.masters, settings.data_dir / "checkpoints"
-        )
-        registry = self.supervisor.registry
+        registry = build_registry(settings.entrypoints)
         spare_argv = registry.argv(SPARE_TRAINER) if SPARE_TRAINER in registry.names() else []
         self.spares = SparePool(
             settings.spare_count if spare_argv else 0,
             spare_argv,
             socket_path,
             settings.data_dir,
-            lambda: self.supervisor.slots,
+            self.slots,
+            self.channel,
             settings.spare_delay_s,
         )
-        self.supervisor.spares = self.spares
-        self.channel = WorkerChannel(
-            socket_path,
-            self.node_id,
-            self.outbox,
-            identify=self._identify,
-            on_generation=self.supervisor.advance,
-            observe=self._observe,
+        self.supervisor = Supervisor(
+            self.node_id, settings.data_dir, registry, socket_path, self.outbox,
+            self.slots, self.spares,
+        )  # fmt: skip
+        self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
+        self.masters = MasterStores(settings.host, self.store.bind_host)
+        packages = PackageDirs(bus, settings.data_dir)
+        self.preparer = StartPreparer(
+            state, packages, self.masters, settings.data_dir / "checkpoints"
         )
-        self.spares.channel = self.channel
         self.faults = FaultInjector(self.channel, self.supervisor)
         self.logs = LogServer.of(self.supervisor)
         self.regroups = Regrouper(self.channel, self.supervisor, on_regroup=self._regrouped)
@@ -118,14 +113,14 @@ class Agent:
             await self.store.start()
             # after the store: torch is imported by then, and this needs it
             devices = await asyncio.to_thread(visible_devices)
-            self.supervisor.slots = SlotPool(devices)
+            self.slots.use(devices)
             await self.channel.start()
             self.spares.start()
             self._hang_task = asyncio.create_task(self.hangs.run(), name="hang-watch")
             await self._register_first()
             # The detector pings agents to tell a dead node from a network error.
-            await self.bus.nc.subscribe(ping_subject(self.node_id), cb=self._pong)
-            await self.logs.serve(self.bus.nc)
+            await self.bus.serve(ping_subject(self.node_id), self._pong)
+            await self.logs.serve(self.bus)
             await self.bus.consume(
                 command_subject(self.node_id),
                 durable=agent_user(self.node_id),  # the one consumer its NATS user may make
@@ -137,8 +132,8 @@ class Agent:
         finally:
             await self.close()
 
-    async def _pong(self, msg: Msg) -> None:
-        await msg.respond(self.boot_id.encode())
+    async def _pong(self, _request: bytes) -> bytes:
+        return self.boot_id.encode()
 
     async def close(self) -> None:
         if self._hang_task is not None:  # workers killed on the way out are not hangs
@@ -163,6 +158,9 @@ class Agent:
     def _identify(self, pid: int) -> WorkerKey | None:
         """Who a process that connects to the channel is: a worker, or a warm spare."""
         return self.supervisor.identify(pid) or self.spares.identify(pid)
+
+    def _advance(self, launched: WorkerKey, generation: int) -> None:
+        self.supervisor.advance(launched, generation)
 
     # --- commands ----------------------------------------------------------------------
 

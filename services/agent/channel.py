@@ -18,14 +18,13 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from unicron.services.agent.outbox import Report, Sink
-from unicron.services.agent.supervisor import WorkerKey
+from unicron.services.agent.api import Advance, Identify, Observe, Report, Sink
+from unicron.shared.identity import WorkerKey
 from unicron.shared.logging import get_logger
 from unicron.shared.reports import (
     WORKER_REPORT,
@@ -66,9 +65,9 @@ class WorkerChannel:
         path: Path,
         node_id: str,
         sink: Sink,
-        identify: Callable[[int], WorkerKey | None] = lambda _pid: None,
-        on_generation: Callable[[WorkerKey, int], None] = lambda _key, _gen: None,
-        observe: Callable[[WorkerKey | None, Report], None] = lambda _key, _report: None,
+        identify: Identify = lambda _pid: None,
+        on_generation: Advance = lambda _key, _gen: None,
+        observe: Observe = lambda _key, _report: None,
     ) -> None:
         self.path = path
         self.node_id = node_id
@@ -170,7 +169,7 @@ class WorkerChannel:
         if problem is not None:
             self._reject(line, problem)
             return
-        self._bind(conn, WorkerKey(report.job_id, report.generation, report.rank))
+        self._bind(conn, report.key)
         self.observe(conn.launched, report)
         if not isinstance(report, WorkerPhase):
             self.sink.report(report)

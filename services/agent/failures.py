@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from unicron.services.agent.tracebacks import classify_log, read_tail
+from unicron.shared.identity import WorkerKey
 from unicron.shared.messages import StartWorker
 from unicron.shared.reports import WorkerException, WorkerExited
 from unicron.shared.taxonomy import FailureCategory
-
-if TYPE_CHECKING:
-    from unicron.services.agent.supervisor import WorkerKey
 
 # exec errors of a command that can never run here, with the exit code a shell would give
 _EXIT_CODES = {errno.ENOENT: 127, errno.ENOTDIR: 127, errno.EACCES: 126, errno.ENOEXEC: 126}
@@ -50,13 +47,13 @@ def launch_failure(
 def launch_failure_reports(
     node_id: str, cmd: StartWorker, exc_type: str, message: str, code: int | None = None
 ) -> list[WorkerException | WorkerExited]:
-    ids = {"node_id": node_id, "job_id": cmd.job_id, "generation": cmd.generation}
+    ids = {"node_id": node_id, **cmd.key._asdict()}
     category = FailureCategory.SOFTWARE_OTHER.value
     exit_code = _EXIT_CODES.get(code or 0, 127)
     return [
-        WorkerException(**ids, rank=cmd.rank, pid=0, exc_type=exc_type, message=message,
+        WorkerException(**ids, pid=0, exc_type=exc_type, message=message,
                         category=category, launch_failed=True),
-        WorkerExited(**ids, rank=cmd.rank, pid=0, exit_code=exit_code),
+        WorkerExited(**ids, pid=0, exit_code=exit_code),
     ]  # fmt: skip
 
 
@@ -67,9 +64,7 @@ def logged_exception(node_id: str, who: WorkerKey, pid: int, log: Path) -> Worke
         return None
     return WorkerException(
         node_id=node_id,
-        job_id=who.job_id,
-        generation=who.generation,
-        rank=who.rank,
+        **who._asdict(),
         pid=pid,
         exc_type=failure.exc_type or "error",
         message=failure.message,

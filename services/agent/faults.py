@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from unicron.services.agent.channel import WorkerChannel
-from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker, WorkerKey
+from unicron.services.agent.api import WorkerLink
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
+from unicron.shared.identity import WorkerKey
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import FaultDirective, FaultKind, InjectFault
 
@@ -22,7 +23,7 @@ REMEMBERED = 1024  # command ids kept to drop a redelivered drill
 
 
 class FaultInjector:
-    def __init__(self, channel: WorkerChannel, supervisor: Supervisor) -> None:
+    def __init__(self, channel: WorkerLink, supervisor: Supervisor) -> None:
         self.channel = channel
         self.supervisor = supervisor
         self._done: OrderedDict[str, None] = OrderedDict()

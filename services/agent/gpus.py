@@ -34,6 +34,10 @@ class SlotPool:
         self.devices = devices or []
         self._taken: set[int] = set()
 
+    def use(self, devices: list[str]) -> None:
+        """The devices the agent found once it ran: before any worker or spare took a slot."""
+        self.devices = devices
+
     def acquire(self) -> int | None:
         """The lowest free slot, or None on a node without devices."""
         if not self.devices:

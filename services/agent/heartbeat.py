@@ -62,10 +62,7 @@ class NodeRegistration:
 
     def inventory(self) -> list[NodeWorker]:
         """Every worker running here, by the identity it runs under now."""
-        return [
-            NodeWorker(job_id=who.job_id, generation=who.generation, rank=who.rank, pid=pid)
-            for who, pid in ((w.current, w.proc.pid) for w in self.supervisor.live())
-        ]
+        return [NodeWorker(**w.current._asdict(), pid=w.proc.pid) for w in self.supervisor.live()]
 
     def _take_over(self, node: NodeRecord) -> bool:
         """Make an earlier boot's record this boot's, keeping an operator's decision."""

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from unicron.services.agent.supervisor import _SAFE_ID, Supervisor, Worker, WorkerKey
+from unicron.services.agent.api import Replier
+from unicron.services.agent.supervisor import _SAFE_ID, Supervisor, Worker
+from unicron.shared.identity import WorkerKey
 from unicron.shared.logging import get_logger
 from unicron.shared.logs import LogsReply, LogsRequest, logs_subject
 
@@ -59,8 +59,8 @@ class LogServer:
 
         return cls(supervisor.node_id, supervisor.log_path, running)
 
-    async def serve(self, nc: NatsClient) -> None:
-        await nc.subscribe(logs_subject(self.node_id), cb=self._on_request)
+    async def serve(self, bus: Replier) -> None:
+        await bus.serve(logs_subject(self.node_id), self._on_request)
 
     def regrouped(self, worker: Worker) -> None:
         """The worker now serves as ``worker.current``: requests for that identity must read
@@ -78,15 +78,15 @@ class LogServer:
                 error=repr(exc),
             )
 
-    async def _on_request(self, msg: Msg) -> None:
+    async def _on_request(self, data: bytes) -> bytes:
         try:
-            reply = await self.answer(LogsRequest.model_validate_json(msg.data))
+            reply = await self.answer(LogsRequest.model_validate_json(data))
         except ValidationError as exc:
             reply = LogsReply(found=False, error=f"invalid logs request: {exc}")
         except Exception as exc:  # the API must hear why, not time out
             log.exception("logs request failed")
             reply = LogsReply(found=False, error=f"the agent could not read the log: {exc!r}")
-        await msg.respond(reply.model_dump_json().encode())
+        return reply.model_dump_json().encode()
 
     async def answer(self, request: LogsRequest) -> LogsReply:
         if not _SAFE_ID.match(request.job_id):

@@ -13,29 +13,21 @@ import collections
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
 
+from unicron.services.agent.api import Report as Report
+from unicron.services.agent.api import Sink as Sink
 from unicron.shared.bus import Bus
 from unicron.shared.events import EventData
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
-from unicron.shared.reports import AnyWorkerReport, StepCompleted
+from unicron.shared.reports import StepCompleted
 
-Report = AnyWorkerReport
 log = get_logger(component="outbox")
 
 MAX_PENDING = 10_000
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
 DISCONNECTED_POLL_S = 0.05
-
-
-class Sink(Protocol):
-    """What the channel and the supervisor need: fire-and-forget reports and dead letters."""
-
-    def report(self, report: Report) -> None: ...
-
-    def dead_letter(self, subject: str, payload: bytes, reason: str) -> None: ...
 
 
 @dataclass
@@ -95,7 +87,7 @@ class Outbox:
         """Publish one item, retrying with backoff until it is stored by JetStream."""
         delay = RETRY_MIN_S
         while True:
-            if not self.bus.nc.is_connected:
+            if not self.bus.connected:
                 # nats-py reconnects; a report waiting for it goes the moment it is back, not
                 # after a back-off grown while the server was away (a hang's report is late
                 # by exactly that much).

@@ -18,10 +18,9 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from nats.js import JetStreamContext
-
+from unicron.services.agent.api import PackageSource
 from unicron.shared.logging import get_logger
-from unicron.shared.packages import PackageError, get_package
+from unicron.shared.packages import PackageError
 
 log = get_logger(component="packages")
 MAX_UNPACKED_BYTES = 4 * 1024**3
@@ -62,8 +61,8 @@ def unpack(data: bytes, target: Path) -> None:
 class PackageDirs:
     """Per-job working directories unpacked from packages, made once and then reused."""
 
-    def __init__(self, js: JetStreamContext, data_dir: Path) -> None:
-        self.js = js
+    def __init__(self, source: PackageSource, data_dir: Path) -> None:
+        self.source = source
         self.root = (data_dir / "workdirs").absolute()
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -77,7 +76,7 @@ class PackageDirs:
         async with lock:
             if target.is_dir():
                 return target
-            data = await get_package(self.js, sha256)
+            data = await self.source.package(sha256)
             await asyncio.to_thread(unpack, data, target)
         log.info("package unpacked", job_id=job_id, sha256=sha256, bytes=len(data))
         return target

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from unicron.services.agent.channel import WorkerChannel
-from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker, WorkerKey
+from unicron.services.agent.api import WorkerLink
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
+from unicron.shared.identity import WorkerKey
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import RegroupWorker
 
@@ -25,7 +26,7 @@ REMEMBERED = 4096  # regroups kept to drop a redelivered command
 class Regrouper:
     def __init__(
         self,
-        channel: WorkerChannel,
+        channel: WorkerLink,
         supervisor: Supervisor,
         on_regroup: Callable[[Worker], None] = lambda _worker: None,
     ) -> None:

@@ -26,16 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.api import LaunchFor, WorkerLink
 from unicron.services.agent.gpus import SlotPool
-from unicron.services.agent.supervisor import WorkerKey, kill_group
+from unicron.services.agent.workers import kill_group
 from unicron.shared.credentials import without_credentials
+from unicron.shared.identity import WorkerKey
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import SpareLaunch
 from unicron.shared.procs import die_with_parent
-
-# The launch for a spare on a given slot; None when a spare cannot run it.
-LaunchFor = Callable[[int | None], SpareLaunch | None]
 
 log = get_logger(component="spares")
 # A warming spare (importing torch) must not slow the node's workers: it runs at this niceness
@@ -68,7 +65,8 @@ class SparePool:
         argv: list[str],
         socket_path: Path,
         data_dir: Path,
-        slots: Callable[[], SlotPool],
+        slots: SlotPool,
+        channel: WorkerLink,
         delay_s: float = 0.0,
     ) -> None:
         self.count = count
@@ -77,8 +75,8 @@ class SparePool:
         self.argv = argv
         self.socket_path = socket_path
         self.data_dir = data_dir
-        self.slots = slots
-        self.channel: WorkerChannel | None = None
+        self.slots = slots  # the node's devices, shared with the supervisor's workers
+        self.channel = channel
         self.served = 0
         self.failed_starts = 0
         self._spares: dict[int, Spare] = {}
@@ -99,8 +97,7 @@ class SparePool:
 
     def ready(self) -> list[Spare]:
         """Spares that are up and connected: a launch would reach them now."""
-        channel = self.channel
-        return [s for s in self.waiting() if channel is not None and channel.connected(s.key)]
+        return [s for s in self.waiting() if self.channel.connected(s.key)]
 
     def identify(self, pid: int) -> WorkerKey | None:
         """The spare with this process id (called when a process connects to the channel)."""
@@ -135,8 +132,7 @@ class SparePool:
     ) -> tuple[asyncio.subprocess.Process, int | None] | None:
         """Hand a ready spare the launch ``launch_for`` makes for its slot; its (process, slot),
         or None when none is ready or the launch is not one a spare can run."""
-        channel = self.channel
-        if channel is None or not self.enabled:
+        if not self.enabled:
             return None
         for spare in self.ready():
             launch = launch_for(spare.slot)
@@ -151,8 +147,8 @@ class SparePool:
             payload = launch.model_dump(mode="json")
             # Adopted first: the worker it becomes may report before the send returns, and
             # those reports must already read as the job's, not the spare's.
-            channel.adopt(spare.key, key)
-            if not await channel.send_to_worker(*spare.key, payload):
+            self.channel.adopt(spare.key, key)
+            if not await self.channel.send_to_worker(*spare.key, payload):
                 log.warning("spare did not take its launch; killing it", pid=spare.proc.pid)
                 kill_group(spare.proc.pid)
                 continue
@@ -198,11 +194,11 @@ class SparePool:
 
     def _device_free(self) -> bool:
         """On a node with GPUs a spare needs a device of its own (it keeps it as a worker)."""
-        pool = self.slots()
+        pool = self.slots
         return not pool.devices or pool.free() > 0
 
     async def _spawn(self) -> None:
-        pool = self.slots()
+        pool = self.slots
         slot = pool.acquire()
         index = next(self._ids)
         key = WorkerKey(SPARE_JOB, 0, index)
@@ -240,7 +236,7 @@ class SparePool:
             self._spares.pop(spare.key.rank, None)
             return  # the supervisor watches it as a worker now
         self._spares.pop(spare.key.rank, None)
-        self.slots().release(spare.slot)
+        self.slots.release(spare.slot)
         if self._closing:
             return
         if not spare.connected:

@@ -16,8 +16,8 @@ import asyncio
 import re
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from unicron.services.agent.api import Report, Sink, SpareSource
 from unicron.services.agent.failures import cannot_execute, launch_failure, logged_exception
 from unicron.services.agent.gpus import SlotPool
 from unicron.services.agent.launch import (
@@ -26,19 +26,15 @@ from unicron.services.agent.launch import (
     spare_can_run,
     worker_launch,
 )
-from unicron.services.agent.outbox import Report, Sink
 from unicron.services.agent.registry import EntrypointRegistry
 from unicron.services.agent.workers import CommandRejectedError as CommandRejectedError
 from unicron.services.agent.workers import Worker as Worker
 from unicron.services.agent.workers import WorkerKey as WorkerKey
-from unicron.services.agent.workers import kill_group as kill_group
+from unicron.services.agent.workers import kill_group
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import ScriptLaunch, SpareLaunch, StartWorker, StopWorkers
 from unicron.shared.procs import die_with_parent
 from unicron.shared.reports import WorkerException, WorkerExited, WorkerStarted
-
-if TYPE_CHECKING:
-    from unicron.services.agent.spares import SparePool
 
 log = get_logger(component="supervisor")
 # job ids become directory names: refuse anything that could climb out of the log directory.
@@ -55,14 +51,17 @@ class Supervisor:
         registry: EntrypointRegistry,
         socket_path: Path,
         sink: Sink,
+        slots: SlotPool | None = None,
+        spares: SpareSource | None = None,
     ) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
         self.registry = registry
         self.socket_path = socket_path
         self.sink = sink
-        self.slots = SlotPool()  # the agent gives it the node's devices once it found them
-        self.spares: SparePool | None = None  # warm spares that serve starts, when enabled
+        # the agent learns the node's devices only once it runs: it fills the pool in then
+        self.slots = SlotPool() if slots is None else slots
+        self.spares = spares  # warm spares that serve starts, when enabled
         self.closing = False
         self._workers: dict[WorkerKey, Worker] = {}
         self._stopped_below: dict[str, int] = {}  # job → generations below this were stopped
@@ -97,7 +96,7 @@ class Supervisor:
     def observe(self, launched: WorkerKey | None, report: Report) -> None:
         """Note a worker's in-band exception, so its exit is not classified a second time."""
         if isinstance(report, WorkerException):
-            key = launched or WorkerKey(report.job_id, report.generation, report.rank)
+            key = launched or report.key
             worker = self._workers.get(key) or self.find(key)
             if worker is not None:
                 worker.reported = True
@@ -106,8 +105,8 @@ class Supervisor:
 
     def wanted(self, cmd: StartWorker) -> bool:
         """Whether ``cmd`` would launch a worker: not one already known, nor stale, nor unsafe."""
-        key = WorkerKey(cmd.job_id, cmd.generation, cmd.rank)
-        wlog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
+        key = cmd.key
+        wlog = log.bind(**key._asdict())
         if self.closing:
             raise RuntimeError("agent is shutting down")  # not acked: the next boot gets it
         if key in self._workers or self.find(key) is not None:
@@ -124,8 +123,8 @@ class Supervisor:
         """Launch the worker of ``ctx`` (the job record's) unless it is known or stale."""
         if not self.wanted(cmd):
             return
-        key = WorkerKey(cmd.job_id, cmd.generation, cmd.rank)
-        wlog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
+        key = cmd.key
+        wlog = log.bind(**key._asdict())
         if ctx.spec.entrypoint is None and ctx.spec.trainer not in self.registry.names():
             raise CommandRejectedError(f"trainer {ctx.spec.trainer!r} is not registered")
         spared = await self._from_spare(key, cmd, ctx)
@@ -246,9 +245,7 @@ class Supervisor:
         self.sink.report(
             WorkerExited(
                 node_id=self.node_id,
-                job_id=who.job_id,
-                generation=who.generation,
-                rank=who.rank,
+                **who._asdict(),
                 pid=worker.proc.pid,
                 exit_code=exit_code,
                 signal=sig,
@@ -257,9 +254,7 @@ class Supervisor:
         )
         log.info(
             "worker exited",
-            job_id=who.job_id,
-            generation=who.generation,
-            rank=who.rank,
+            **who._asdict(),
             exit_code=exit_code,
             signal=sig,
             stopped_by_agent=worker.stopping,
@@ -286,11 +281,4 @@ class Supervisor:
             self.sink.report(report)
 
     def _started(self, worker: Worker) -> WorkerStarted:
-        key = worker.key
-        return WorkerStarted(
-            node_id=self.node_id,
-            job_id=key.job_id,
-            generation=key.generation,
-            rank=key.rank,
-            pid=worker.proc.pid,
-        )
+        return WorkerStarted(node_id=self.node_id, **worker.key._asdict(), pid=worker.proc.pid)

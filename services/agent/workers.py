@@ -11,15 +11,10 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+
+from unicron.shared.identity import WorkerKey as WorkerKey
 
 Generation = tuple[str, int]  # (job id, generation)
-
-
-class WorkerKey(NamedTuple):
-    job_id: str
-    generation: int
-    rank: int
 
 
 class CommandRejectedError(ValueError):

@@ -97,7 +97,7 @@ def cuda_visible(log: Path) -> object:
 async def test_each_worker_gets_its_own_gpu(
     supervisor: Supervisor, channel: WorkerChannel, sink: RecordingSink
 ) -> None:
-    supervisor.slots = SlotPool(["3", "5"])  # as the agent sets it on a node with two GPUs
+    supervisor.slots.use(["3", "5"])  # as the agent does on a node with two GPUs
     for rank in (0, 1):
         await supervisor.start_worker(*start_cmd("job-g", "hang", rank=rank))
     pid = (await sink.next(WorkerStarted)).pid

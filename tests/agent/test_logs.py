@@ -48,7 +48,7 @@ async def server(tmp_path: Path, worker: Worker, bus: Bus) -> LogServer:
         return launch == worker.key and worker.alive
 
     logs = LogServer(NODE, log_path_in(tmp_path), running)
-    await logs.serve(bus.nc)
+    await logs.serve(bus)
     return logs
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from unicron.shared.messages import (
     RegroupDirective,
     RegroupWorker,
     Rendezvous,
+    SpareLaunch,
     StopWorkers,
     WorkerLaunch,
     command_subject,
@@ -106,14 +108,15 @@ async def test_agent_dead_letters_a_regroup_for_an_unknown_worker(
 
 
 @pytest.fixture
-async def spares(supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path) -> SparePool:
+async def spares(
+    supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path
+) -> AsyncIterator[SparePool]:
     argv = EntrypointRegistry({"gpt": FAKE_WORKER}).argv("gpt")
-    pool = SparePool(1, argv, channel.path, tmp_path, lambda: supervisor.slots)
-    pool.channel = channel
+    pool = SparePool(1, argv, channel.path, tmp_path, supervisor.slots, channel)
     supervisor.spares = pool
     channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
     pool.start()
-    yield pool  # type: ignore[misc]
+    yield pool
     await pool.close()
 
 
@@ -146,15 +149,14 @@ async def test_a_start_is_served_by_a_warm_spare_which_is_replaced(
 async def test_spares_give_up_when_the_trainer_cannot_wait(
     supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path
 ) -> None:
-    pool = SparePool(
-        1, [sys.executable, "-c", "pass"], channel.path, tmp_path, lambda: supervisor.slots
-    )
-    pool.channel = channel
+    argv = [sys.executable, "-c", "pass"]
+    pool = SparePool(1, argv, channel.path, tmp_path, supervisor.slots, channel)
     pool.start()
     try:
         await until(lambda: not pool.enabled)
         launch_key = WorkerKey("job-x", 1, 0)
-        assert await pool.serve(launch_key, _launch(), tmp_path / "x.log") is None
+        launch = SpareLaunch(launch=_launch())
+        assert await pool.serve(launch_key, lambda _slot: launch, tmp_path / "x.log") is None
     finally:
         await pool.close()
 

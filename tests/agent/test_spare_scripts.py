@@ -38,8 +38,7 @@ SCRIPT = textwrap.dedent(
 async def real_spares(
     supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path
 ) -> AsyncIterator[SparePool]:
-    pool = SparePool(1, REAL_SPARE, channel.path, tmp_path, lambda: supervisor.slots)
-    pool.channel = channel
+    pool = SparePool(1, REAL_SPARE, channel.path, tmp_path, supervisor.slots, channel)
     supervisor.spares = pool
     channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
     pool.start()

@@ -53,6 +53,6 @@ async def serve_nodes(root: Path, bus: Bus, state: StateStore) -> dict[str, Node
     for node_id in ("node-a", "node-b", "node-c"):
         await state.put_node(NodeRecord(id=node_id, slots=2))
     for node in found.values():
-        await node.server.serve(bus.nc)
+        await node.server.serve(bus)
     await bus.nc.flush()
     return found

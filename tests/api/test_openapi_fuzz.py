@@ -128,7 +128,7 @@ async def seed_cluster(root: Path, bus: Bus, state: StateStore) -> Known:
     nodes = {n: Node(root, n) for n in ("node-a", "node-b")}
     for node_id, node in nodes.items():
         await state.put_node(NodeRecord(id=node_id, slots=2))
-        await node.server.serve(bus.nc)
+        await node.server.serve(bus)
         for generation in (1, 2, 3):
             node.write(generation, 0 if node_id == "node-a" else 1, "step 1", running=False)
     await bus.nc.flush()

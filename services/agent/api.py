@@ -1,0 +1,80 @@
+"""The agent's parts as they see each other: the interfaces they are built against.
+
+The supervisor, the warm spares and the local channel each need a little of another — the
+supervisor takes starts from the spares, the spares reach their processes through the channel,
+and the channel learns from the supervisor and the spares who a connecting process is. Each
+depends on a protocol here, never on another's module, and the agent
+(:mod:`services.agent.agent`) builds them and passes each what it needs when it constructs it.
+What the parts share as data is in :mod:`services.agent.workers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from unicron.shared.identity import WorkerKey
+from unicron.shared.messages import SpareLaunch
+from unicron.shared.reports import AnyWorkerReport
+
+Report = AnyWorkerReport
+
+# Who the process with this pid is: a worker the agent launched, or a warm spare.
+Identify = Callable[[int], WorkerKey | None]
+# The worker launched as the key joined this newer generation in place.
+Advance = Callable[[WorkerKey, int], None]
+# A report read from the channel, with the launch key of the worker that sent it (if known).
+Observe = Callable[[WorkerKey | None, Report], None]
+# The launch for a spare on a given slot; None when a spare cannot run it.
+LaunchFor = Callable[[int | None], SpareLaunch | None]
+# A core-NATS request's payload to the reply's.
+Answer = Callable[[bytes], Awaitable[bytes]]
+
+
+class Sink(Protocol):
+    """What the channel and the supervisor need: fire-and-forget reports and dead letters."""
+
+    def report(self, report: Report) -> None: ...
+
+    def dead_letter(self, subject: str, payload: bytes, reason: str) -> None: ...
+
+
+class WorkerLink(Protocol):
+    """The local channel as the spares, fault drills and regroups use it: a line to one
+    connected worker process, found by any identity it has spoken for."""
+
+    def connected(self, key: WorkerKey) -> bool: ...
+
+    def launched_as(self, key: WorkerKey) -> WorkerKey | None: ...
+
+    def adopt(self, old: WorkerKey, new: WorkerKey) -> None: ...
+
+    async def send_to_worker(
+        self, job_id: str, generation: int, rank: int, payload: dict[str, Any]
+    ) -> bool: ...
+
+
+class SpareSource(Protocol):
+    """The warm spares as the supervisor uses them: a start served by a waiting process."""
+
+    argv: list[str]  # the command the spares were started with
+
+    async def serve(
+        self, key: WorkerKey, launch_for: LaunchFor, log_path: Path
+    ) -> tuple[asyncio.subprocess.Process, int | None] | None: ...
+
+    def nudge(self) -> None: ...
+
+
+class Replier(Protocol):
+    """Core-NATS request/reply, as the log server answers the API (``shared.bus.Bus``)."""
+
+    async def serve(self, subject: str, answer: Answer) -> None: ...
+
+
+class PackageSource(Protocol):
+    """Where job packages come from (``shared.bus.Bus``, from its object store)."""
+
+    async def package(self, sha256: str) -> bytes: ...

@@ -1,0 +1,45 @@
+"""Who a worker is, defined once: the rank of a job's generation it serves, and its node.
+
+``JobRank`` is one rank of one generation of a job, the seat a command names;
+``WorkerIdentity`` adds the node that runs it, as every report carries it. Messages take these
+as bases, so the fields stay flat at the top level of their JSON, in the order they always had.
+``WorkerKey`` is the same rank as a hashable tuple, for keying a node's workers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict
+
+
+class WorkerKey(NamedTuple):
+    job_id: str
+    generation: int
+    rank: int
+
+
+class JobRank(BaseModel):
+    """One rank of one generation of a job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    generation: int
+    rank: int
+
+    @property
+    def key(self) -> WorkerKey:
+        return WorkerKey(self.job_id, self.generation, self.rank)
+
+
+class _OnNode(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str
+
+
+# The bases in this order put node_id first: pydantic lays out fields base by base from the
+# last one, and the reports' JSON has always begun with node_id.
+class WorkerIdentity(JobRank, _OnNode):
+    """A worker: the rank of a job's generation it serves, on the node that runs it."""
