@@ -40,6 +40,7 @@ from unicron.planning.planning import plan_cluster
 from unicron.planning.spec import ModelShape
 from unicron.services.planner.settings import PlannerSettings
 from unicron.shared.models import JobState
+from unicron.shared.taxonomy import RecoveryAction
 
 JOBS = (8, 32, 128)
 GPUS = (128, 1024, 4096)
@@ -99,7 +100,7 @@ def perturb(inputs: ClusterInputs, rng: np.random.Generator, i: int) -> ClusterI
     event = i % 4
     if event == 0 and live:  # a fault hits a running job: it must restart (or shrink)
         k = int(rng.choice(live))
-        demand = replace(jobs[k].demand, hit=True, recovery="restart")
+        demand = replace(jobs[k].demand, hit=True, recovery=RecoveryAction.RESTART)
         jobs[k] = replace(jobs[k], demand=demand)
     elif event == 1:  # a node is lost: its ranks are gone, their jobs are hit
         lost = inputs.nodes[int(rng.integers(len(inputs.nodes)))].node_id
@@ -117,7 +118,7 @@ def _without(view: JobView, node: str) -> JobView:
     if node not in view.ranks:
         return view
     ranks = tuple(n for n in view.ranks if n != node)
-    demand = replace(view.demand, current=len(ranks), hit=True, recovery="reconfigure")
+    demand = replace(view.demand, current=len(ranks), hit=True, recovery=RecoveryAction.RECONFIGURE)
     return replace(view, demand=demand, ranks=ranks)
 
 

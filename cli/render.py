@@ -86,7 +86,8 @@ def failure_text(failure: FailureRecord) -> Text:
     """``kind: category (severity, action) on rank R @ node``, then the exception's text."""
     where = f" on rank {failure.rank}" if failure.rank is not None else ""
     where += f" @ {failure.node_id}" if failure.node_id else ""
-    head = f"{failure.kind}: {failure.category} ({failure.severity}, {failure.action}){where}"
+    what = f"{failure.kind.value}: {failure.category.value}"
+    head = f"{what} ({failure.severity.value}, {failure.action.value}){where}"
     text = Text(head)
     if failure.exc_type or failure.message:
         text.append(f"\n{failure.exc_type or 'error'}: {_short(failure.message or '')}")

@@ -4,7 +4,8 @@ Everything here is an immutable value or a protocol, in the style of torch.distr
 ``api`` modules: the planning code depends on these and not on any implementation, so a
 throughput model (linear, or the calibrated Megatron-style model of :mod:`.throughput`) or a
 transition-cost model plugs in by implementing a protocol, without touching the DP or the
-service. Model shapes and cluster descriptions live in :mod:`.spec`.
+service. Model shapes and cluster descriptions live in :mod:`.spec`; the kinds of transition
+and state sources are the shared ones of :mod:`shared.transitions`.
 
 Inputs are frozen dataclasses of tuples so a whole cluster snapshot compares with ``==``: the
 service re-plans only when the snapshot changed.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
 import numpy as np
@@ -22,34 +22,15 @@ import numpy.typing as npt
 
 from unicron.planning.spec import ModelShape
 from unicron.shared.models import JobState
+from unicron.shared.taxonomy import RecoveryAction
+from unicron.shared.transitions import StateSource as StateSource
+from unicron.shared.transitions import TransitionKind as TransitionKind
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 # Jobs an earlier plan placed: they hold (or are about to hold) workers.
 ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.RECOVERING})
-
-
-class TransitionKind(str, Enum):
-    """How a job gets from what it runs to what a plan gives it (docs/design.md §5)."""
-
-    NONE = "none"  # nothing changes: it keeps running, or keeps waiting
-    START = "start"  # first launch
-    RESUME = "resume"  # launch again from its checkpoint after a preemption
-    REATTEMPT = "reattempt"  # retry the failed collective in place (SEV3)
-    RESTART = "restart"  # replace the failed processes, same size and nodes (SEV2)
-    SHRINK = "shrink"  # survivors re-form without some ranks
-    GROW = "grow"  # new ranks join, fetching state from a peer
-    MIGRATE = "migrate"  # ranks on lost nodes are replaced elsewhere
-    STOP = "stop"  # preempted back to waiting
-
-
-class StateSource(str, Enum):
-    """Where new ranks get the training state, nearest first (docs/design.md §5)."""
-
-    NONE = "none"
-    PEER = "peer"  # a healthy data-parallel replica
-    DISK = "disk"  # the last checkpoint on local disk
 
 
 @dataclass(frozen=True)
@@ -73,7 +54,7 @@ class JobDemand:
     micro_batch: int = 4
     checkpoint_every: int = 20
     world_size: int = 0
-    recovery: str | None = None
+    recovery: RecoveryAction | None = None
     resume: bool = False
     slowdown: float = 1.0
 

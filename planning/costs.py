@@ -30,6 +30,8 @@ from unicron.planning.api import (
     Transitions,
 )
 from unicron.planning.spec import DEFAULT_SHAPE, ClusterSpec
+from unicron.shared.taxonomy import RecoveryAction
+from unicron.shared.transitions import answer_to
 
 K = {kind: np.int64(i) for i, kind in enumerate(KINDS)}
 S = {source: np.int64(i) for i, source in enumerate(SOURCES)}
@@ -46,8 +48,7 @@ def classify(demand: JobDemand, x: IntArray) -> IntArray:
     elif c < w:
         same = K[TransitionKind.MIGRATE]
     else:
-        in_place = demand.recovery == "reattempt"
-        same = K[TransitionKind.REATTEMPT if in_place else TransitionKind.RESTART]
+        same = K[_answer(demand.recovery)]
     base = np.where(x < w, K[TransitionKind.SHRINK], K[TransitionKind.GROW])
     kinds = np.where(x == w, same, base)
     if c < w:  # a count between the survivors and the old size replaces lost ranks
@@ -55,6 +56,14 @@ def classify(demand: JobDemand, x: IntArray) -> IntArray:
     if not demand.hit:
         kinds = np.where(x == c, K[TransitionKind.NONE], kinds)
     return np.where(x == 0, K[TransitionKind.STOP], kinds).astype(np.int64)
+
+
+def _answer(recovery: RecoveryAction | None) -> TransitionKind:
+    """What a hit job pays on its own nodes and size: the answer to its failure's action
+    (:mod:`shared.transitions`). A hit job always pays a transition, so a lost rank with no
+    failure recorded, or an action that asks for none, restarts."""
+    kind = TransitionKind.NONE if recovery is None else answer_to(recovery)
+    return TransitionKind.RESTART if kind == TransitionKind.NONE else kind
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,13 @@ from unicron.shared.models import (
     WorkerState,
 )
 from unicron.shared.plans import Fairness, JobAllocation, Plan
+from unicron.shared.transitions import QUIET as QUIET
 
 # A rank holds its slot until it is stopped or done: a crashed process's slot is where its
 # replacement restarts, so FAILED counts (its node must still be usable).
 HOLDING = frozenset({WorkerState.LAUNCHING, WorkerState.RUNNING, WorkerState.FAILED})
 # Processes that may still be running and so must be stopped for a terminal job.
 LIVE = frozenset({WorkerState.LAUNCHING, WorkerState.RUNNING})
-QUIET = frozenset({PlanAction.KEEP, PlanAction.WAIT})
 UNCALIBRATED = Calibration()
 WAF_ONLY = PlanRules()
 
@@ -153,7 +153,9 @@ def held_ranks(job: Job, usable: set[str]) -> tuple[str, ...]:
 
 def describe(failure: FailureRecord) -> str:
     where = f" on {failure.node_id}" if failure.node_id else ""
-    return f"{failure.category}{where} (failure {failure.failure_id}, gen {failure.generation})"
+    return (
+        f"{failure.category.value}{where} (failure {failure.failure_id}, gen {failure.generation})"
+    )
 
 
 def calibrated(objective: Objective, inputs: ClusterInputs) -> Objective:

@@ -8,7 +8,7 @@ event is dropped by the server.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +23,7 @@ from unicron.shared.models import (
     now,
 )
 from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.transitions import StateSource, TransitionMode
 
 EVENT_SUBJECT_PREFIX = "unicron.events."
 
@@ -101,10 +102,10 @@ class FailureDetected(EventData):
         return FailureRecord(
             failure_id=self.failure_id,
             generation=self.generation,
-            kind=self.kind.value,
-            category=self.category.value,
-            severity=self.severity.value,
-            action=self.action.value,
+            kind=self.kind,
+            category=self.category,
+            severity=self.severity,
+            action=self.action,
             rank=self.rank,
             node_id=self.node_id,
             observed_at=self.observed_at,
@@ -144,7 +145,7 @@ class TransitionStarted(EventData):
     generation: int
     from_workers: int
     to_workers: int
-    kind: Literal["in_place", "checkpoint"] | None = Field(
+    kind: TransitionMode | None = Field(
         None, description="in_place: survivors re-form; checkpoint: every rank restarts"
     )
 
@@ -163,8 +164,8 @@ class TransitionCompleted(EventData):
         None, description="failure observed → first completed step of the new generation"
     )
     duration_s: float = Field(description="transition started → first completed step")
-    kind: str | None = Field(None, description="in_place or checkpoint")
-    state_source: str | None = Field(
+    kind: TransitionMode | None = Field(None, description="in_place or checkpoint")
+    state_source: StateSource | None = Field(
         None, description="where the state came from: memory, peer, checkpoint_memory, disk, none"
     )
     phases: dict[str, float] = Field(

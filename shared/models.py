@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 import uuid
 from enum import Enum
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -22,6 +21,9 @@ from unicron.shared.lifecycle import JobState as JobState
 from unicron.shared.lifecycle import refusal
 from unicron.shared.logging import get_logger
 from unicron.shared.roles import ServiceRole
+from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.transitions import PlanAction as PlanAction
+from unicron.shared.transitions import StateSource, TransitionMode
 
 
 def now() -> float:
@@ -62,17 +64,6 @@ class NodeState(str, Enum):
     DRAINED = "DRAINED"
 
 
-class PlanAction(str, Enum):
-    """What the executor must do for one job to reach the plan."""
-
-    KEEP = "keep"
-    START = "start"
-    RESTART = "restart"
-    RESIZE = "resize"
-    STOP = "stop"
-    WAIT = "wait"
-
-
 class WorkerRecord(BaseModel):
     rank: int
     node_id: str
@@ -87,7 +78,7 @@ class WorkerRecord(BaseModel):
         None, description="the rank of this generation that broadcasts the training state"
     )
     regrouped_at: float | None = Field(None, description="when it reported WorkerRegrouped")
-    state_source: str | None = Field(None, description="where its training state came from")
+    state_source: StateSource | None = Field(None, description="where its training state came from")
     state_transfer_s: float | None = None
     resumed_step: int | None = None
 
@@ -107,10 +98,10 @@ class FailureRecord(BaseModel):
 
     failure_id: str
     generation: int
-    kind: str
-    category: str
-    severity: str
-    action: str
+    kind: FailureKind
+    category: FailureCategory
+    severity: Severity
+    action: RecoveryAction
     rank: int | None = None
     node_id: str | None = None
     observed_at: float
@@ -142,7 +133,7 @@ class Job(BaseModel):
     last_failure: FailureRecord | None = None
     plan_id: str | None = None
     transition: PlanAction | None = Field(None, description="the transition under way, if any")
-    transition_kind: Literal["in_place", "checkpoint"] | None = Field(
+    transition_kind: TransitionMode | None = Field(
         None, description="in_place: survivors re-form, joiners get their state from a peer"
     )
     stepping: bool = Field(False, description="the current generation has completed a step")

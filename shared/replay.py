@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
 
 from unicron.shared.events import (
     CloudEvent,
@@ -40,12 +39,7 @@ from unicron.shared.models import (
     PlanAction,
 )
 from unicron.shared.taxonomy import FailureCategory, RecoveryAction
-
-# TransitionCompleted names its kind in a plain string
-_KINDS: dict[str, Literal["in_place", "checkpoint"]] = {
-    "in_place": "in_place",
-    "checkpoint": "checkpoint",
-}
+from unicron.shared.transitions import TransitionMode
 
 
 @dataclass
@@ -147,7 +141,7 @@ class Replayer:
         job.world_size = data.to_workers
         job.transition_started_at = at
         job.stepping = False
-        job.transition_kind = "checkpoint" if fallback else data.kind
+        job.transition_kind = TransitionMode.CHECKPOINT if fallback else data.kind
         job.transition_fallback = "in-place transition failed" if fallback else None
         restarts = self._restarts.setdefault(job.id, set())
         if data.action == PlanAction.RESTART and data.plan_id not in restarts:
@@ -177,7 +171,7 @@ def _transition_completed(job: Job, data: TransitionCompleted) -> None:
         return
     job.stepping = True
     job.world_size = data.world_size
-    job.transition_kind = _KINDS.get(data.kind or "", job.transition_kind)
+    job.transition_kind = data.kind or job.transition_kind
     job.transition_fallback = data.fallback
 
 

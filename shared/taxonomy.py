@@ -1,7 +1,8 @@
 """Failure taxonomy of docs/design.md §3: what kinds of fault exist, how bad each is, what to do.
 
 The table is the single source for severity and action; the trainer's exception classifier,
-the agent's supervision and the detector all name categories from here.
+the agent's supervision and the detector all name categories from here. Which transition
+answers each action, and which plan action carries it out, is the map of :mod:`shared.transitions`.
 """
 
 from __future__ import annotations

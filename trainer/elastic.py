@@ -35,11 +35,11 @@ import torch.distributed as dist
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import RegroupDirective, WorkerLaunch
 from unicron.shared.reports import WorkerHello, WorkerRegrouped
+from unicron.shared.transitions import StateSource
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.handoff import (
     Handoff,
     Replica,
-    StateSource,
     fall_back_to_disk,
     hand_off,
     resume_from_disk,
@@ -240,7 +240,7 @@ class ElasticRank:
             raise
         self._in_handoff = False
         # resumed_from tells the control plane about recomputation: only a disk state has any.
-        resumed = self.replica.next_step - 1 if handoff.source == "disk" else None
+        resumed = self.replica.next_step - 1 if handoff.source == StateSource.DISK else None
         self._enter(launch, resumed_from=resumed)
         self._report_regrouped(regroup_s, handoff.transfer_s, handoff.source, handoff.reused)
         _log_handoff(launch, handoff, regroup_s)

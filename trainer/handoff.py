@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from unicron.shared.logging import get_logger
+from unicron.shared.transitions import StateSource
 from unicron.trainer import checkpoint
 from unicron.trainer.parallel import Scheduler, StepWork
 
 log = get_logger(component="trainer.handoff")
-
-StateSource = Literal["memory", "peer", "checkpoint_memory", "disk", "none"]
 
 
 @dataclass
@@ -170,10 +168,10 @@ def hand_off(
     dist.all_gather_object(gathered, holding_of(replica, requested_source), group=group)
     holdings = [h for h in gathered if isinstance(h, Holding)]
     plan = plan_handoff(holdings, total)
-    source: StateSource = "memory"
+    source = StateSource.MEMORY
     if plan.from_disk:
         step = resume_from_disk(replica, rank, group, checkpoint_dir)
-        source = "disk" if step > 0 else "none"
+        source = StateSource.DISK if step > 0 else StateSource.NONE
     elif plan.source is not None:
         state = replica.capture(replica.next_step - 1) if rank == plan.source else None
         payload: list[object] = [state]
@@ -182,7 +180,7 @@ def hand_off(
             received = payload[0]
             assert isinstance(received, dict)
             replica.restore(received)
-            source = "peer"
+            source = StateSource.PEER
     replica.has_state = True
     replica.next_step = plan.target_step if not plan.from_disk else replica.next_step
     kept = plan.kept.get(rank, [])
@@ -248,9 +246,9 @@ def fall_back_to_disk(replica: Replica, checkpoint_dir: str) -> StateSource | No
     replica.work = None
     if found is None:
         replica.next_step = 1  # the freshly built model is the state of step 0
-        return "none"
+        return StateSource.NONE
     step, state = found
     replica.restore(state)
     replica.next_step = step + 1
     log.warning("state from disk after a failed transfer", step=step)
-    return "disk"
+    return StateSource.DISK

@@ -26,12 +26,11 @@ from unicron.shared.reports import (
 )
 from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
+from unicron.shared.transitions import StateSource, TransitionMode
 
 Report = AnyWorkerReport
 _TRANSITIONING = (JobState.STARTING, JobState.RECOVERING)
 _Change = Callable[[Job], bool]
-# the worst source any rank used names the transition's state source
-_SOURCE_ORDER = ("none", "memory", "peer", "checkpoint_memory", "disk")
 TransitionFailed = Callable[[str, int, str], Awaitable[object]]
 
 
@@ -136,7 +135,7 @@ class ProgressTracker:
         # Any exit before the in-place generation's first step fails it, a clean one too (a
         # survivor that finished the job's last step cannot re-form any more).
         job = await self.state.get_job(report.job_id)
-        if job is None or job.transition_kind != "in_place" or job.stepping:
+        if job is None or job.transition_kind != TransitionMode.IN_PLACE or job.stepping:
             return
         current = job.generation == report.generation
         # a survivor that died before (or without) taking the regroup speaks for its old rank
@@ -207,28 +206,27 @@ class ProgressTracker:
         )
 
     @staticmethod
-    def _state_source(job: Job, report: StepCompleted) -> tuple[str, int]:
+    def _state_source(job: Job, report: StepCompleted) -> tuple[StateSource, int]:
         """Where the new generation's state came from, and the step it resumed from."""
         regrouped = [w for w in job.workers if w.regrouped_at is not None]
+        in_place = job.transition_kind == TransitionMode.IN_PLACE
         if report.resumed_from is not None:
             resumed = report.resumed_from
         elif any(w.resumed_step is not None for w in regrouped):
             resumed = min(w.resumed_step or 0 for w in regrouped) - 1
-        elif job.transition_kind == "in_place":
+        elif in_place:
             resumed = max(0, report.step - 1)
         else:
             resumed = 0
-        sources = [w.state_source for w in regrouped if w.state_source in _SOURCE_ORDER]
-        if job.transition_kind == "in_place" and any(not w.survivor for w in job.workers):
+        sources = [w.state_source for w in regrouped if w.state_source is not None]
+        if in_place and any(not w.survivor for w in job.workers):
             # a joiner takes a live rank's state (its report may arrive after the first step)
-            sources.append("peer")
-        if sources:
-            source = max(sources, key=_SOURCE_ORDER.index)
-        elif job.transition_kind == "in_place":
-            source = "memory"
-        else:
-            source = "disk" if resumed > 0 else "none"
-        return source or "none", max(0, resumed)
+            sources.append(StateSource.PEER)
+        source = StateSource.farthest(sources)
+        if source is None:
+            fresh = StateSource.DISK if resumed > 0 else StateSource.NONE
+            source = StateSource.MEMORY if in_place else fresh
+        return source, max(0, resumed)
 
     async def _phases(
         self, job: Job, report: StepCompleted, failure: FailureRecord | None, started: float

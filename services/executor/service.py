@@ -23,6 +23,7 @@ from unicron.shared.models import JobState, WorkerState, now
 from unicron.shared.outage import Outage
 from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
 from unicron.shared.state import StateStore
+from unicron.shared.transitions import TransitionMode
 
 log = get_logger()
 
@@ -62,7 +63,7 @@ class Executor:
             )
             started = job.transition_started_at or now()
             waited = now() - started
-            regrouping = job.transition_kind == "in_place" and not job.stepping
+            regrouping = job.transition_kind == TransitionMode.IN_PLACE and not job.stepping
             late = regrouping and waited > self.settings.regroup_timeout_s
             if late and job.state == JobState.RECOVERING:
                 why = f"no step {waited:.0f} s after the regroup started"

@@ -15,13 +15,12 @@ from unicron.shared.models import (
     JobState,
     NodeRecord,
     NodeState,
-    PlanAction,
     WorkerRecord,
     WorkerState,
 )
 from unicron.shared.plans import JobAllocation
-
-_IN_PLACE_ACTIONS = (PlanAction.RESTART, PlanAction.RESIZE)
+from unicron.shared.taxonomy import FailureKind, RecoveryAction
+from unicron.shared.transitions import IN_PLACE_ACTIONS
 
 
 def finishing(job: Job) -> bool:
@@ -40,10 +39,10 @@ def failed_ranks(job: Job, nodes: dict[str, NodeRecord]) -> set[int]:
         node = nodes.get(worker.node_id)
         if worker.state != WorkerState.RUNNING or node is None or node.state != NodeState.READY:
             bad.add(worker.rank)
-    if failure is not None and failure.action != "reattempt":
+    if failure is not None and failure.action != RecoveryAction.REATTEMPT:
         if failure.rank is not None:
             bad.add(failure.rank)
-        if failure.kind == "node_lost" and failure.node_id is not None:
+        if failure.kind == FailureKind.NODE_LOST and failure.node_id is not None:
             bad |= {w.rank for w in job.workers if w.node_id == failure.node_id}
     return bad
 
@@ -53,7 +52,7 @@ def in_place_workers(
 ) -> list[WorkerRecord] | None:
     """The new generation's workers with survivors kept in place, or None when that cannot
     apply (then every rank restarts from the checkpoint)."""
-    if alloc.action not in _IN_PLACE_ACTIONS or job.state == JobState.PENDING:
+    if alloc.action not in IN_PLACE_ACTIONS or job.state == JobState.PENDING:
         return None
     if not job.stepping or job.state.terminal or not alloc.nodes:
         return None

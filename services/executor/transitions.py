@@ -43,8 +43,7 @@ from unicron.shared.models import (
 from unicron.shared.plans import JobAllocation, Plan
 from unicron.shared.roles import ServiceRole
 from unicron.shared.state import StateStore
-
-_LAUNCHES = (PlanAction.START, PlanAction.RESTART, PlanAction.RESIZE)
+from unicron.shared.transitions import LAUNCHES, TransitionMode
 
 
 def _frees_slots_first(alloc: JobAllocation) -> int:
@@ -75,7 +74,7 @@ class TransitionRunner:
             return
         nodes = {n.id: n for n in await self.state.list_nodes()}
         for allocation in sorted(plan.allocations, key=_frees_slots_first):
-            if allocation.action in _LAUNCHES:
+            if allocation.action in LAUNCHES:
                 await self.launch(allocation, plan, nodes)
             elif allocation.action == PlanAction.STOP:
                 await self.stop(allocation, plan, nodes)
@@ -110,7 +109,9 @@ class TransitionRunner:
             job.world_size = alloc.workers
             fresh = [WorkerRecord(rank=r, node_id=n) for r, n in enumerate(alloc.nodes)]
             job.workers = kept if kept is not None else fresh
-            job.transition_kind = "in_place" if kept is not None else "checkpoint"
+            job.transition_kind = (
+                TransitionMode.CHECKPOINT if kept is None else TransitionMode.IN_PLACE
+            )
             job.transition_fallback = None
             job.stepping = False
             job.transition_started_at = now()
@@ -137,7 +138,7 @@ class TransitionRunner:
         if job is None or before is None:
             return  # unknown job, already applied, or stale for this job
         old = before
-        if job.transition_kind == "in_place" and not give_up:
+        if job.transition_kind == TransitionMode.IN_PLACE and not give_up:
             # Per node, commands run in order: the regroups raise the survivors' generation
             # before the stop, which then ends only the old generation's other processes.
             await send_starts(self.bus, job, nodes)
@@ -146,7 +147,7 @@ class TransitionRunner:
         else:
             await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
         if not give_up:
-            if job.transition_kind != "in_place":
+            if job.transition_kind != TransitionMode.IN_PLACE:
                 await send_starts(self.bus, job, nodes)
             await self.bus.publish_event(
                 TransitionStarted(
@@ -180,7 +181,7 @@ class TransitionRunner:
             before = None
             if (
                 job.generation != generation
-                or job.transition_kind != "in_place"
+                or job.transition_kind != TransitionMode.IN_PLACE
                 or job.stepping
                 or job.state.terminal
                 or not job.workers
@@ -190,7 +191,7 @@ class TransitionRunner:
             job.generation += 1
             placement = [w.node_id for w in sorted(job.workers, key=lambda w: w.rank)]
             job.workers = [WorkerRecord(rank=r, node_id=n) for r, n in enumerate(placement)]
-            job.transition_kind = "checkpoint"
+            job.transition_kind = TransitionMode.CHECKPOINT
             job.transition_fallback = why
             job.transition_started_at = now()
             reason = (
@@ -223,7 +224,7 @@ class TransitionRunner:
                 generation=job.generation,
                 from_workers=before.world_size,
                 to_workers=job.world_size,
-                kind="checkpoint",
+                kind=TransitionMode.CHECKPOINT,
             )
         )
         await self._announce(before, job)

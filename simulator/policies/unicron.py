@@ -47,7 +47,7 @@ from unicron.planning.planning import PlanDraft, calibrated, plan_cluster
 from unicron.planning.throughput import MegatronThroughput
 from unicron.shared.models import JobState
 from unicron.shared.plans import Fairness
-from unicron.shared.taxonomy import Severity, severity_of
+from unicron.shared.taxonomy import RecoveryAction, Severity, severity_of
 from unicron.simulator.events import Kind
 from unicron.simulator.policies.base import Policy, detection_class
 from unicron.simulator.state import JobRun, Simulation
@@ -142,7 +142,7 @@ class Unicron(Policy):
             run.hits += 1
         if severity != Severity.SEV1:
             for run in hit:
-                in_place = DEBOUNCE_S + self.in_place_s(sim, run, action.value)
+                in_place = DEBOUNCE_S + self.in_place_s(sim, run, action)
                 sim.hold(run, self.detect_s(failure, run) + in_place)
             return
         sim.cluster.fail(failure.node, sim.now + failure.repair_s)
@@ -151,7 +151,7 @@ class Unicron(Policy):
 
     # Transitions ------------------------------------------------------------------------------
 
-    def in_place_s(self, sim: Simulation, run: JobRun, recovery: str) -> float:
+    def in_place_s(self, sim: Simulation, run: JobRun, recovery: RecoveryAction) -> float:
         """Downtime + lost work of reattempting or restarting in place, as the planner prices it."""
         objective = self._objective(sim)
         w = run.workers
@@ -174,7 +174,7 @@ class Unicron(Policy):
             return JobView(demand, JobState.PENDING, 0, gen, waiting_since=since, waited_s=waited)
         ranks = tuple(n for n in run.memo["ranks"] if sim.cluster.up[_index(n)])
         lost = len(ranks) < world
-        recovery = "reconfigure" if hit or lost else None
+        recovery = RecoveryAction.RECONFIGURE if hit or lost else None
         demand = replace(
             base, current=len(ranks), world_size=world, hit=hit or lost, recovery=recovery
         )
