@@ -18,8 +18,8 @@ from collections import OrderedDict
 from unicron.shared.delivery import ClaimRefusedError
 from unicron.shared.logging import get_logger
 from unicron.shared.models import Job
+from unicron.shared.ports import JobStore
 from unicron.shared.reports import REPORT_SUBJECT_PREFIX, AnyWorkerReport
-from unicron.shared.state import StateStore
 
 log = get_logger(component="claims")
 CACHED_GENERATIONS = 256
@@ -54,7 +54,7 @@ def refusal(job: Job | None, report: AnyWorkerReport, subject_node_id: str | Non
 class ReportClaims:
     """The consumer-side check of worker reports, for ``Bus.consume(claim=…)``."""
 
-    def __init__(self, state: StateStore) -> None:
+    def __init__(self, state: JobStore) -> None:
         self.state = state
         self._seats: OrderedDict[tuple[str, int], Seats] = OrderedDict()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from unicron.shared.models import NodeRecord, now
-from unicron.shared.state import StateStore
+from unicron.shared.ports import JobStore
 
 
 class Hearing:
@@ -23,7 +23,7 @@ class Hearing:
         self.since = clock()  # heartbeats older than this could have been missed by us
         self._deaf = False
 
-    async def nodes(self, state: StateStore) -> list[NodeRecord]:
+    async def nodes(self, state: JobStore) -> list[NodeRecord]:
         """Every node record; a read that fails (Redis away) starts a gap in our hearing."""
         at = self.clock()
         try:

@@ -15,18 +15,17 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
-from unicron.shared.bus import Bus
 from unicron.shared.hearing import Hearing
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import ping_subject
 from unicron.shared.models import NodeState, WorkerState, now
-from unicron.shared.state import StateStore
+from unicron.shared.ports import EventBus, JobStore
 from unicron.shared.taxonomy import FailureKind
 
 
 class Liveness:
     def __init__(
-        self, bus: Bus, state: StateStore, settings: DetectorSettings, hearing: Hearing
+        self, bus: EventBus, state: JobStore, settings: DetectorSettings, hearing: Hearing
     ) -> None:
         self.bus = bus
         self.state = state

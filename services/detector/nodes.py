@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.signals import Candidate
-from unicron.shared.bus import Bus
 from unicron.shared.events import NodeLost
 from unicron.shared.hearing import Hearing
 from unicron.shared.logging import get_logger
 from unicron.shared.models import NodeRecord, NodeState, WorkerState, now
-from unicron.shared.state import StateStore
+from unicron.shared.ports import EventBus, JobStore
 from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 _LIVE_WORKER = (WorkerState.LAUNCHING, WorkerState.RUNNING)
@@ -26,7 +25,7 @@ _LIVE_WORKER = (WorkerState.LAUNCHING, WorkerState.RUNNING)
 
 class NodeMonitor:
     def __init__(
-        self, bus: Bus, state: StateStore, correlator: Correlator, hearing: Hearing
+        self, bus: EventBus, state: JobStore, correlator: Correlator, hearing: Hearing
     ) -> None:
         self.bus = bus
         self.state = state

@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from unicron.services.detector.settings import DetectorSettings
-from unicron.shared.bus import Bus
 from unicron.shared.events import FailureDetected, NodeStateChanged
 from unicron.shared.logging import get_logger
 from unicron.shared.models import NodeRecord, NodeState, now
-from unicron.shared.state import StateStore
+from unicron.shared.ports import EventBus, JobStore
 from unicron.shared.taxonomy import SEVERITY_TABLE, Severity
 
 _Mutation = Callable[[NodeRecord], bool]
@@ -36,7 +35,7 @@ def blames_node(failure: FailureDetected) -> bool:
 
 
 class NodeHealth:
-    def __init__(self, bus: Bus, state: StateStore, settings: DetectorSettings) -> None:
+    def __init__(self, bus: EventBus, state: JobStore, settings: DetectorSettings) -> None:
         self.bus = bus
         self.state = state
         self.settings = settings

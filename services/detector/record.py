@@ -16,12 +16,11 @@ from __future__ import annotations
 from unicron.services.detector.quarantine import NodeHealth
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
-from unicron.shared.bus import Bus
 from unicron.shared.events import FailureDetected, JobStateChanged
 from unicron.shared.logging import get_logger
 from unicron.shared.models import Job, JobState
+from unicron.shared.ports import EventBus, JobStore
 from unicron.shared.roles import ServiceRole
-from unicron.shared.state import StateStore
 from unicron.shared.taxonomy import (
     FailureCategory,
     RecoveryAction,
@@ -64,7 +63,7 @@ def _failure_id(cause: Candidate, advisory: bool) -> str:
 
 class FailureRecorder:
     def __init__(
-        self, bus: Bus, state: StateStore, settings: DetectorSettings, health: NodeHealth
+        self, bus: EventBus, state: JobStore, settings: DetectorSettings, health: NodeHealth
     ) -> None:
         self.bus = bus
         self.state = state
@@ -93,7 +92,7 @@ class FailureRecorder:
         )
         if not repeated or last is None:
             return severity, action, {}
-        escalated = escalate(RecoveryAction(last.action), action)
+        escalated = escalate(last.action, action)
         return *escalated, {"escalated_from": action.value, "previous_failure": last.failure_id}
 
     async def record(self, cause: Candidate) -> FailureDetected | None:

@@ -17,12 +17,12 @@ from unicron.services.detector.record import FailureRecorder
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate, from_exception, from_exit, from_hang
 from unicron.services.detector.stragglers import StragglerWatch
-from unicron.shared.bus import Bus
 from unicron.shared.claims import ReportClaims
 from unicron.shared.hearing import Hearing
 from unicron.shared.logging import get_logger
 from unicron.shared.models import JobState, WorkerState, now
 from unicron.shared.outage import Outage
+from unicron.shared.ports import EventBus, JobStore
 from unicron.shared.reports import (
     REPORT_SUBJECT_PREFIX,
     WORKER_REPORT,
@@ -32,7 +32,6 @@ from unicron.shared.reports import (
     WorkerExited,
     WorkerHung,
 )
-from unicron.shared.state import StateStore
 from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 log = get_logger()
@@ -40,7 +39,7 @@ CONSUMED_REPORTS = ("worker_exited", "worker_exception", "worker_hung", "step_co
 
 
 class Detector:
-    def __init__(self, bus: Bus, state: StateStore, settings: DetectorSettings) -> None:
+    def __init__(self, bus: EventBus, state: JobStore, settings: DetectorSettings) -> None:
         self.state = state
         self.settings = settings
         self.health = NodeHealth(bus, state, settings)
@@ -118,7 +117,9 @@ class Detector:
                 await asyncio.wait_for(stop.wait(), wait)
 
 
-async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: DetectorSettings) -> None:
+async def run(
+    bus: EventBus, state: JobStore, stop: asyncio.Event, settings: DetectorSettings
+) -> None:
     detector = Detector(bus, state, settings)
     claims = ReportClaims(state)
     # Side by side: a restarted detector hears the reports it missed a few round trips sooner.

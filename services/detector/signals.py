@@ -98,17 +98,14 @@ def from_exit(report: WorkerExited) -> Candidate | None:
 
 
 def from_exception(report: WorkerException) -> Candidate:
-    try:
-        category = FailureCategory(report.category)
-    except ValueError:
-        category = FailureCategory.SOFTWARE_OTHER
+    # an unknown category already reads as software_other (shared/reports.py)
     return Candidate(
         job_id=report.job_id,
         generation=report.generation,
         node_id=report.node_id,
         rank=report.rank,
         kind=FailureKind.EXCEPTION,
-        category=category,
+        category=report.category,
         observed_at=report.at,
         evidence={
             "pid": report.pid,

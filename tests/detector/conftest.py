@@ -1,4 +1,7 @@
-"""An in-process detector on real NATS + Redis, fed with the reports agents would send."""
+"""An in-process detector fed with the reports agents would send, on two backends: the
+in-memory bus and store (:mod:`shared.memorybus`, :mod:`shared.memorystore`) and real NATS +
+Redis. Every test that uses the bus or the state runs on both (ids ``memory`` and ``real``),
+except those in ``REAL_ONLY``, which need a real server by nature."""
 
 from __future__ import annotations
 
@@ -13,17 +16,89 @@ from unicron.services.detector.service import run
 from unicron.services.detector.settings import DetectorSettings
 from unicron.shared.bus import Bus, parse_event
 from unicron.shared.events import CloudEvent
+from unicron.shared.memorybus import MemoryBroker, MemoryBus
+from unicron.shared.memorystore import MemoryKeys, MemoryStore
 from unicron.shared.messages import ping_subject
 from unicron.shared.models import Job, JobSpec, JobState, NodeRecord, WorkerRecord, WorkerState, now
+from unicron.shared.ports import EventBus, JobStore
 from unicron.shared.state import StateStore
+
+# Test name → why its memory run is skipped.
+REAL_ONLY = {
+    "test_silence_while_redis_was_away_is_no_nodes_fault": "it stops and restarts Redis",
+}
+
+
+@dataclass
+class Backend:
+    """Where a test's clients connect: one broker and one keyspace in memory, or the real
+    servers at the URLs. Several clients of one backend share its state, as with servers."""
+
+    name: str
+    nats_url: str = "nats://in-memory"
+    redis_url: str = "redis://in-memory"
+    broker: MemoryBroker = field(default_factory=MemoryBroker)
+    keys: MemoryKeys = field(default_factory=MemoryKeys)
+
+    async def bus(self, source: str) -> EventBus:
+        if self.name == "memory":
+            return MemoryBus(self.broker, source)
+        return await Bus.connect(self.nats_url, source=source)
+
+    async def store(self) -> JobStore:
+        if self.name == "memory":
+            return MemoryStore(self.keys)
+        return await StateStore.connect(self.redis_url)
+
+
+@pytest.fixture(params=["memory", "real"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    why = REAL_ONLY.get(request.node.originalname)
+    if request.param == "memory" and why is not None:
+        pytest.skip(f"real servers only: {why}")
+    return str(request.param)
+
+
+@pytest.fixture
+def nats_url(backend_name: str, request: pytest.FixtureRequest) -> str:
+    """The real server's URL; no server is started for a memory run."""
+    if backend_name == "memory":
+        return Backend.nats_url
+    return str(request.getfixturevalue("nats_server").url)
+
+
+@pytest.fixture
+def redis_url(backend_name: str, request: pytest.FixtureRequest) -> str:
+    if backend_name == "memory":
+        return Backend.redis_url
+    return str(request.getfixturevalue("redis_server").url)
+
+
+@pytest.fixture
+def backend(backend_name: str, nats_url: str, redis_url: str) -> Backend:
+    return Backend(backend_name, nats_url, redis_url)
+
+
+@pytest.fixture
+async def bus(backend: Backend) -> AsyncIterator[EventBus]:
+    connected = await backend.bus("unicron/test")
+    yield connected
+    await connected.close()
+
+
+@pytest.fixture
+async def state(backend: Backend) -> AsyncIterator[JobStore]:
+    store = await backend.store()
+    yield store
+    await store.close()
 
 
 @dataclass
 class Cluster:
     """Nodes whose agents are alive (heartbeat + answer pings) until ``kill_agent``."""
 
-    bus: Bus
-    state: StateStore
+    bus: EventBus
+    state: JobStore
     alive: set[str] = field(default_factory=set)
 
     async def add_node(self, node_id: str) -> None:
@@ -34,6 +109,7 @@ class Cluster:
             if node_id in self.alive:
                 await msg.respond(b"pong")  # type: ignore[attr-defined]
 
+        # Not ``serve``: an answer from it cannot stop when the agent is killed.
         await self.bus.nc.subscribe(ping_subject(node_id), cb=pong)
 
     def kill_agent(self, node_id: str) -> None:
@@ -76,12 +152,12 @@ def detector_settings(nats_url: str, redis_url: str) -> DetectorSettings:
 
 @pytest.fixture
 async def cluster(
-    bus: Bus, state: StateStore, nats_url: str, detector_settings: DetectorSettings
+    backend: Backend, bus: EventBus, state: JobStore, detector_settings: DetectorSettings
 ) -> AsyncIterator[Cluster]:
     cluster = Cluster(bus, state)
     beating = asyncio.create_task(cluster.heartbeat_forever())
-    detector_bus = await Bus.connect(nats_url, source="unicron/detector")
-    detector_state = await StateStore.connect(detector_settings.redis_url)
+    detector_bus = await backend.bus("unicron/detector")
+    detector_state = await backend.store()
     stop = asyncio.Event()
     detector = asyncio.create_task(run(detector_bus, detector_state, stop, detector_settings))
     yield cluster
@@ -95,7 +171,7 @@ async def cluster(
 
 
 @pytest.fixture
-async def events(bus: Bus) -> asyncio.Queue[CloudEvent]:
+async def events(bus: EventBus) -> asyncio.Queue[CloudEvent]:
     queue: asyncio.Queue[CloudEvent] = asyncio.Queue()
     await bus.consume("unicron.events.>", "test-events", parse_event, queue.put)
     return queue
