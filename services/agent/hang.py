@@ -30,9 +30,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from unicron.services.agent.outbox import Report, Sink
+from unicron.services.agent.procstat import process_state, runqueue_wait_s
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.supervisor import Worker, WorkerKey
 from unicron.shared.logging import get_logger
@@ -60,10 +60,15 @@ class Track:
     rejoining: bool = False  # told to re-form in place: the startup floor until its next step
     heard: bool = False  # it has reported a step or a phase
     parked: bool = False  # waiting for a regroup after a peer's failure: no step to expect
+    queued_at_since: float | None = None  # its run-queue wait when the silence began
 
     def __post_init__(self) -> None:
         self.iterations = deque(maxlen=self.window)
         self.gaps = deque(maxlen=self.window)
+
+    def restart_clock(self, at: float) -> None:
+        """Silence counts from ``at`` (a step, a re-formation, the end of a checkpoint)."""
+        self.since, self.queued_at_since = at, None
 
     def mean(self) -> float | None:
         """Robust running mean of the step time; None before the first step."""
@@ -71,17 +76,6 @@ class Track:
             return None
         gap = statistics.median(self.gaps) if self.gaps else 0.0
         return max(statistics.median(self.iterations), gap)
-
-
-def process_state(pid: int) -> str:
-    """The state letter in ``/proc/<pid>/stat`` (R, S, D, T, Z …), or ``?`` when unreadable."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return "?"
-    # the command name in parentheses may hold spaces and parentheses: split after the last
-    rest = stat.rpartition(")")[2].split()
-    return rest[0] if rest else "?"
 
 
 class HangWatch:
@@ -116,11 +110,12 @@ class HangWatch:
         at = self.clock()
         ident = WorkerKey(report.job_id, report.generation, report.rank)
         if ident != track.ident:  # re-formed in place: that is progress, with a fresh clock
-            track.ident, track.since, track.reported = ident, at, False
+            track.ident, track.reported = ident, False
             track.fresh_steps, track.parked = 0, False
+            track.restart_clock(at)
         if isinstance(report, WorkerPhase):
             if track.phase == "checkpoint" and report.phase != "checkpoint":
-                track.since = at  # a checkpoint is not part of a step: its time must not count
+                track.restart_clock(at)  # a checkpoint is not part of a step: its time is free
             track.phase = report.phase
             return
         if track.fresh_steps:  # the first step after a (re)start waited for more than a step
@@ -128,7 +123,8 @@ class HangWatch:
         track.iterations.append(report.iteration_s)
         track.steps += 1
         track.fresh_steps += 1
-        track.since, track.last_step, track.phase = at, report.step, None
+        track.restart_clock(at)
+        track.last_step, track.phase = report.step, None
         track.suspect_at, track.reported, track.rejoining = None, False, False
         track.parked = False
 
@@ -136,7 +132,8 @@ class HangWatch:
         """The worker was told to re-form in place: a fresh clock under its new identity, and
         until its next step the startup floor (it waits for joiners and a state transfer)."""
         track = self._track(worker)
-        track.ident, track.since, track.phase = worker.current, self.clock(), None
+        track.ident, track.phase = worker.current, None
+        track.restart_clock(self.clock())
         track.suspect_at, track.reported, track.rejoining = None, False, True
         track.fresh_steps, track.parked = 0, False
 
@@ -177,7 +174,7 @@ class HangWatch:
                 continue  # a plain script, or a parked rank: no steps to expect
             if finishing(worker, track):
                 continue
-            silent, limit = now - track.since, self.threshold(track)
+            silent, limit = self._silent_s(worker, track, now), self.threshold(track)
             if silent <= limit:
                 track.suspect_at = None
             elif track.suspect_at is None:
@@ -197,6 +194,16 @@ class HangWatch:
                 log.exception("hang check failed")
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _silent_s(self, worker: Worker, track: Track, now: float) -> float:
+        """Time since its last step, less the time it spent runnable but waiting for a CPU:
+        a busy node is not a hung worker."""
+        queued = runqueue_wait_s(worker.proc.pid)
+        if queued is None:
+            return now - track.since
+        if track.queued_at_since is None:
+            track.queued_at_since = queued  # read within a check interval of the last step
+        return now - track.since - (queued - track.queued_at_since)
 
     def _worker(self, key: WorkerKey) -> Worker | None:
         return next((w for w in self.live() if w.key == key or w.current == key), None)

@@ -15,7 +15,9 @@ from typing import Literal
 import pytest
 
 from tests.agent.conftest import RecordingSink, start_cmd
-from unicron.services.agent.hang import HangWatch, process_state
+from unicron.services.agent import hang
+from unicron.services.agent.hang import HangWatch
+from unicron.services.agent.procstat import process_state
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.supervisor import Supervisor, Worker, WorkerKey
 from unicron.shared.reports import StepCompleted, WorkerException, WorkerHung, WorkerPhase
@@ -236,3 +238,19 @@ async def test_healthy_jittery_workers_are_never_hung(
                     done.add(report.job_id)
     print(f"false alarms: {len(hung)} over {counted} healthy steps")
     assert hung == []
+
+
+def test_time_waiting_for_a_cpu_is_not_silence(
+    setup: tuple[HangWatch, Clock, list[Worker]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a busy node a healthy worker waits on the run queue, runnable but without a CPU.
+    watch, clock, _ = setup
+    queued = [100.0]
+    monkeypatch.setattr(hang, "runqueue_wait_s", lambda _pid: queued[0])
+    steps(watch, clock, 10, 0.04)
+    assert watch.check() == []  # the first look after a step notes the run-queue time
+    clock.t += 0.8
+    queued[0] += 0.5  # 0.8 s without a step, 0.5 s of it waiting for a CPU
+    assert watch.check() == [] and watch.check() == []
+    clock.t += 0.3  # then silent while it could run: 0.6 s against 0.54 s
+    assert silent_until_hung(watch, clock).silent_s == pytest.approx(0.65, abs=0.06)
