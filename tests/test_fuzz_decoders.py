@@ -404,7 +404,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 async def consume_one(subject: str, parse: Decoder, raw: bytes) -> tuple[FakeMsg, Any, list[Any]]:
     js = FakeJetStream()
-    bus = Bus(cast(Any, None), cast(Any, js), source="unicron/fuzz")
+    closed = SimpleNamespace(is_closed=True)  # no connection to drain at the end
+    bus = Bus(cast(Any, closed), cast(Any, js), source="unicron/fuzz")
     handled: list[Any] = []
 
     async def handler(item: Any) -> None:
@@ -413,7 +414,11 @@ async def consume_one(subject: str, parse: Decoder, raw: bytes) -> tuple[FakeMsg
     await bus.consume(subject, "fuzz", parse, handler)
     assert js.cb is not None
     msg = FakeMsg(subject, raw)
-    await js.cb(msg)
+    await js.cb(msg)  # queued: the consumer's task acks, terminates or hands it back
+    async with asyncio.timeout(5):
+        while not msg.outcomes:  # noqa: ASYNC110 (the fake message has no event to wait on)
+            await asyncio.sleep(0)
+    await bus.close()
     return msg, js, handled
 
 
