@@ -37,7 +37,3 @@ class Hearing:
 
     def silent_s(self, node: NodeRecord, at: float) -> float:
         return node.silent_s(at, self.since)
-
-    def alive(self, node: NodeRecord, at: float) -> bool:
-        """READY and heard from within the timeout."""
-        return node.alive(at, self.timeout_s, self.since)

@@ -226,6 +226,3 @@ class NodeRecord(BaseModel):
         """Seconds without a heartbeat at ``at``, counted from ``heard_since`` at the earliest:
         when the observer could first have heard one (see :mod:`shared.hearing`)."""
         return at - max(self.last_heartbeat, heard_since)
-
-    def alive(self, at: float, timeout_s: float, heard_since: float = 0.0) -> bool:
-        return self.state == NodeState.READY and self.silent_s(at, heard_since) <= timeout_s

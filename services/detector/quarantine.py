@@ -66,7 +66,7 @@ class NodeHealth:
     async def review(self) -> None:
         at = now()
         for node in await self.state.list_nodes():
-            fresh = at - node.last_heartbeat <= self.settings.node_timeout_s
+            fresh = node.silent_s(at) <= self.settings.node_timeout_s
             expired = node.quarantined_until is not None and node.quarantined_until <= at
             if node.state == NodeState.QUARANTINED and expired:
                 await self._change(node.id, _release(fresh, at), "quarantine ended")
