@@ -44,13 +44,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 from bench.overhead_variants import VARIANTS, Variant
-from unicron.shared.messages import Rendezvous, WorkerLaunch
+from unicron.shared.messages import Rendezvous
 from unicron.shared.models import JobSpec
 from unicron.shared.procs import die_with_parent, free_port
 from unicron.shared.reports import WorkerHello
+from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer.channel import BATCH_S, AgentChannel
 from unicron.trainer.faults import FaultInbox
-from unicron.trainer.runtime import RuntimeOptions, join_process_group
+from unicron.trainer.regroup import RegroupInbox
+from unicron.trainer.runtime import RuntimeOptions, directive_router, join_process_group
 
 WARMUP = 5
 
@@ -214,7 +216,9 @@ def main() -> None:
         group = join_process_group(launch, "gloo", RuntimeOptions())
         inbox = FaultInbox(launch.rank)
         channel = AgentChannel(
-            launch.agent_socket, on_directive=inbox.offer, batch_s=args.batch_ms / 1e3
+            launch.agent_socket,
+            on_directive=directive_router(inbox, RegroupInbox(launch.job_id, 1)),
+            batch_s=args.batch_ms / 1e3,
         )
         channel.send(WorkerHello(job_id=launch.job_id, generation=1, rank=0))
         variant = VARIANTS[args.variant](launch, channel, inbox, group)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from unicron.shared.messages import WorkerLaunch
+from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer.channel import AgentChannel
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.gpt import loss_of, make_optimizer

@@ -1,9 +1,10 @@
 """Messages between the control plane, node agents and workers (not part of the event stream).
 
 This module holds the downward direction and what both directions share: commands go to one
-agent on ``unicron.commands.agent.<node_id>`` (stream ``UNICRON_COMMANDS``), and the agent
-passes a worker its launch, regroup and fault directives over the local channel. Reports come
-back in the models of :mod:`shared.reports`. Every command is a member of a discriminated
+agent on ``unicron.commands.agent.<node_id>`` (stream ``UNICRON_COMMANDS``); the agent passes
+a worker its directives over the local channel in the models of :mod:`shared.workerchannel`
+(``RegroupDirective`` lives here because ``RegroupWorker`` carries it). Reports come back in
+the models of :mod:`shared.reports`. Every command is a member of a discriminated
 union, so one ``TypeAdapter`` parses any; a message no handler could take is a ``DeadLetter``.
 """
 
@@ -23,7 +24,7 @@ from pydantic import (
 )
 
 from unicron.shared.identity import JobRank
-from unicron.shared.models import JobSpec, new_id, now
+from unicron.shared.models import new_id, now
 
 COMMAND_SUBJECT_PREFIX = "unicron.commands.agent."
 DEADLETTER_SUBJECT = "unicron.deadletter"
@@ -102,34 +103,6 @@ class RegroupWorker(Message):
     directive: RegroupDirective
 
 
-class WorkerLaunch(GroupSeat):
-    """Everything a worker process needs, passed by its agent in ``UNICRON_WORKER_LAUNCH``."""
-
-    node_id: str
-    spec: JobSpec
-    checkpoint_dir: str
-    agent_socket: str = Field(description="unix socket of the agent's local channel")
-
-
-class ScriptLaunch(Message):
-    """A user's entrypoint for a warm spare to run in its own process: ``argv`` is
-    ``[python, SCRIPT, ARGS…]`` or ``[python, -m, MODULE, ARGS…]``, run with exactly ``env`` in
-    ``cwd`` — what a fresh process of that entrypoint would have been given."""
-
-    argv: list[str] = Field(min_length=2)
-    env: dict[str, str]
-    cwd: str | None = None
-
-
-class SpareLaunch(Message):
-    """Agent → warm spare over the local channel: become this worker (``trainer.spare``);
-    ``script`` None runs the reference trainer."""
-
-    directive: Literal["launch"] = "launch"
-    launch: WorkerLaunch
-    script: ScriptLaunch | None = None
-
-
 class FaultKind(str, Enum):
     """Faults a drill can inject into one worker."""
 
@@ -185,13 +158,6 @@ class InjectFault(Message):
     job_id: str
     generation: int
     rank: int
-    fault: FaultSpec
-
-
-class FaultDirective(Message):
-    """What an agent sends a worker over the local channel to inject a fault."""
-
-    directive: Literal["fault"] = "fault"
     fault: FaultSpec
 
 

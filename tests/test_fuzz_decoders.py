@@ -11,9 +11,9 @@ with bytes that are not UTF-8 or re-encoded) — go to:
   dead-lettered and terminated;
 - the agent's side of the worker channel (``WorkerChannel``): a line is forwarded, bound as a
   hello or dead-lettered, never raises, and a valid report still goes through after it;
-- the worker's side: ``AgentChannel._deliver`` into ``FaultInbox.offer`` and
-  ``RegroupInbox.offer`` (never raise, and take a valid directive afterwards), the spare's
-  ``_launch_of`` and the worker's ``read_launch`` (a launch, or ``ValueError``).
+- the worker's side: ``AgentChannel._deliver`` into the inboxes (never raises, and takes a
+  valid directive afterwards), ``parse_directive`` (a directive or ``DirectiveError``), the
+  spare's ``_launch_of`` and the worker's ``read_launch`` (a launch, or ``ValueError``).
 
 The examples add up to ``TOTAL_EXAMPLES`` (over 10,000); a test at the end checks the sum.
 """
@@ -47,18 +47,14 @@ from unicron.shared.messages import (
     AGENT_COMMAND,
     DEADLETTER_SUBJECT,
     DeadLetter,
-    FaultDirective,
     FaultKind,
     FaultSpec,
     InjectFault,
     RegroupDirective,
     RegroupWorker,
     Rendezvous,
-    ScriptLaunch,
-    SpareLaunch,
     StartWorker,
     StopWorkers,
-    WorkerLaunch,
 )
 from unicron.shared.models import JobSpec, JobState
 from unicron.shared.reports import (
@@ -73,11 +69,21 @@ from unicron.shared.reports import (
     WorkerStarted,
 )
 from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
-from unicron.trainer.channel import AgentChannel, Directive
+from unicron.shared.workerchannel import (
+    DirectiveError,
+    FaultDirective,
+    ScriptLaunch,
+    SpareLaunch,
+    WorkerLaunch,
+    env_name,
+    parse_directive,
+)
+from unicron.trainer.channel import AgentChannel
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.regroup import RegroupInbox
+from unicron.trainer.runtime import directive_router
 from unicron.trainer.spare import _launch_of
-from unicron.trainer.worker import LAUNCH_ENV, read_launch
+from unicron.trainer.worker import read_launch
 
 Decoder = Callable[[bytes], object]
 T = TypeVar("T")
@@ -553,15 +559,11 @@ def worker_channel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentCh
     channel.close()
 
 
-def inboxes() -> tuple[FaultInbox, RegroupInbox]:
-    """The inboxes wired as ``Runtime`` wires them: faults first, the rest to regroups."""
-    regroups = RegroupInbox("job-a", 1)
-
-    def other(directive: Directive) -> None:  # Runtime._other
-        if not regroups.offer(directive):
-            str(directive)  # what it logs
-
-    return FaultInbox(0, on_other=other), regroups
+def inboxes(channel: AgentChannel) -> tuple[FaultInbox, RegroupInbox]:
+    """The inboxes wired to ``channel`` as ``Runtime`` wires them."""
+    faults, regroups = FaultInbox(0), RegroupInbox("job-a", 1)
+    channel.on_directive = directive_router(faults, regroups)
+    return faults, regroups
 
 
 def assert_still_takes_directives(
@@ -583,8 +585,7 @@ def assert_still_takes_directives(
 def test_the_worker_never_fails_on_a_directive_line(
     worker_channel: AgentChannel, line: bytes
 ) -> None:
-    faults, regroups = inboxes()
-    worker_channel.on_directive = faults.offer
+    faults, regroups = inboxes(worker_channel)
     worker_channel._deliver(line)  # must not raise: that would end the reader thread
     assert_still_takes_directives(worker_channel._deliver, faults, regroups)
 
@@ -611,8 +612,7 @@ def test_the_worker_survives_directives_nested_to_the_parsers_limit(
 ) -> None:
     """Nested past what ``json.loads`` takes, a line raises ``RecursionError``, not
     ``ValueError``: the reader must still take it as a line that is not JSON."""
-    faults, regroups = inboxes()
-    worker_channel.on_directive = faults.offer
+    faults, regroups = inboxes(worker_channel)
     deepest = deepest_parsed()  # _deliver calls json.loads as deep in the stack as this does
     for depth in range(max(0, deepest - 40), deepest + 5):
         for kind in (b"noise", b"fault", b"regroup", b"launch"):
@@ -646,11 +646,21 @@ def loads_or_empty(raw: bytes) -> Any:
         near_valid(DIRECTIVE_SEEDS).map(loads_or_empty).filter(lambda v: isinstance(v, dict)),
     )
 )
-def test_the_inboxes_never_raise(directive: dict[str, Any]) -> None:
-    faults, regroups = inboxes()
-    faults.offer(directive)
-    assert isinstance(regroups.offer(directive), bool)
-    assert_still_takes_directives(lambda raw: faults.offer(json.loads(raw)), faults, regroups)
+def test_a_directive_object_is_parsed_or_refused(
+    worker_channel: AgentChannel, directive: dict[str, Any]
+) -> None:
+    """Any JSON object is a valid directive or a ``DirectiveError`` — never another error,
+    and never a half-parsed dict reaching an inbox."""
+    line = json.dumps(directive).encode()
+    try:
+        parsed = parse_directive(line)
+    except DirectiveError:
+        pass
+    else:
+        assert isinstance(parsed, SpareLaunch | RegroupDirective | FaultDirective)
+    faults, regroups = inboxes(worker_channel)
+    worker_channel._deliver(line)
+    assert_still_takes_directives(worker_channel._deliver, faults, regroups)
 
 
 @fuzz(SPARE_LAUNCH)
@@ -669,7 +679,7 @@ def test_a_spare_takes_a_launch_ignores_noise_and_refuses_a_bad_launch(line: byt
 @fuzz(READ_LAUNCH)
 @given(raw=st.one_of(ANY_INPUT, near_valid(as_json([LAUNCH]))))
 def test_a_worker_reads_its_launch_or_refuses_it(raw: bytes) -> None:
-    environ = {LAUNCH_ENV: raw.decode("utf-8", "replace")}
+    environ = {env_name("launch"): raw.decode("utf-8", "replace")}
     try:
         launch = read_launch(environ)
     except ValueError:

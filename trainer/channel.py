@@ -1,8 +1,9 @@
 """Local channel between a worker and its node agent: a unix stream socket of JSON lines.
 
 Worker → agent: a ``Hello`` line, then each report model (``StepCompleted``, ``WorkerPhase``,
-``WorkerException``, …) as one line of ``model_dump_json()``. Agent → worker: JSON objects,
-one per line, handed to a callback (fault directives and whatever else the agent will say).
+``WorkerException``, …) as one line of ``model_dump_json()``. Agent → worker: one
+``WorkerDirective`` a line (:mod:`shared.workerchannel`), parsed here and handed to a callback;
+a line that is not a valid directive is logged and dropped.
 
 Training must never wait on the agent (docs/design.md §6), nor pay more than a microsecond a report
 for telling it: :meth:`AgentChannel.send` appends the report object to a bounded deque (atomic,
@@ -20,15 +21,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import json
 import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from unicron.shared.logging import get_logger
 from unicron.shared.reports import StepCompleted, WorkerPhase
+from unicron.shared.workerchannel import AnyWorkerDirective, DirectiveError, parse_directive
 
 log = get_logger(component="trainer.channel")
 
@@ -38,8 +39,6 @@ _IDLE_AFTER_S = 0.5  # no reports for this long: stop ticking, let the next send
 _RECONNECT_MIN_S = 0.02
 _RECONNECT_MAX_S = 1.0
 _ROUTINE = frozenset({StepCompleted, WorkerPhase})
-
-Directive = dict[str, Any]
 
 
 class Report(Protocol):
@@ -52,7 +51,7 @@ class AgentChannel:
     def __init__(
         self,
         path: str,
-        on_directive: Callable[[Directive], None] | None = None,
+        on_directive: Callable[[AnyWorkerDirective], None] | None = None,
         queue_limit: int = QUEUE_LIMIT,
         batch_s: float = BATCH_S,
     ) -> None:
@@ -241,19 +240,16 @@ class AgentChannel:
         if not line.strip():
             return
         try:
-            directive = json.loads(line)
-        except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
-            log.warning("agent sent a line that is not JSON", line=line[:200])
-            return
-        if not isinstance(directive, dict):
-            log.warning("agent sent JSON that is not an object", line=line[:200])
+            directive = parse_directive(line)
+        except DirectiveError as exc:
+            log.warning("agent sent a line that is not a directive", error=str(exc)[:500])
             return
         if self.on_directive is not None:
             try:
                 self.on_directive(directive)
             except Exception:
                 # A bad directive handler must not kill the channel that reports the failure.
-                log.exception("directive handler failed", directive=directive)
+                log.exception("directive handler failed", directive=directive.directive)
 
 
 def _shutdown(sock: socket.socket) -> None:

@@ -33,9 +33,10 @@ import torch
 import torch.distributed as dist
 
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import RegroupDirective, WorkerLaunch
+from unicron.shared.messages import GroupSeat, RegroupDirective
 from unicron.shared.reports import WorkerHello, WorkerRegrouped
 from unicron.shared.transitions import StateSource
+from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.handoff import (
     Handoff,
@@ -271,17 +272,10 @@ class ElasticRank:
         )
 
 
-def _directive_of(launch: WorkerLaunch) -> dict[str, object]:
-    """A joiner's launch as the regroup directive it amounts to."""
-    directive = RegroupDirective(
-        job_id=launch.job_id,
-        generation=launch.generation,
-        rank=launch.rank,
-        world_size=launch.world_size,
-        rendezvous=launch.rendezvous,
-        state_source_rank=launch.state_source_rank,
-    )
-    return directive.model_dump(mode="json")
+def _directive_of(launch: WorkerLaunch) -> RegroupDirective:
+    """A joiner's launch as the regroup directive it amounts to: the seat it names."""
+    seat = launch.model_dump(include=set(GroupSeat.model_fields))
+    return RegroupDirective.model_validate(seat)
 
 
 def _log_handoff(launch: WorkerLaunch, handoff: Handoff, regroup_s: float) -> None:

@@ -1,7 +1,7 @@
 """Fault drills inside a worker: make this rank fail the way real ranks fail.
 
-The agent forwards a ``FaultDirective`` (``{"directive": "fault", "fault": FaultSpec}``) over
-the local channel. The channel's reader thread hands it to :class:`FaultInbox`, which only
+The agent forwards a ``FaultDirective`` (:mod:`shared.workerchannel`) over the local channel.
+The channel's reader thread hands its ``FaultSpec`` to :class:`FaultInbox`, which only
 parks it; the training thread asks the inbox at the start of each step's compute and fires
 what is due there, so a fault always strikes at a step boundary of the training thread:
 
@@ -18,13 +18,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable
-
-from pydantic import ValidationError
 
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import FaultDirective, FaultKind, FaultSpec
-from unicron.trainer.channel import Directive
+from unicron.shared.messages import FaultKind, FaultSpec
 
 log = get_logger(component="trainer.faults")
 
@@ -32,25 +28,13 @@ log = get_logger(component="trainer.faults")
 class FaultInbox:
     """Fault directives from the agent, parked until the training thread reaches their step."""
 
-    def __init__(self, rank: int, on_other: Callable[[Directive], None] | None = None) -> None:
+    def __init__(self, rank: int) -> None:
         self.rank = rank
-        self._on_other = on_other
         self._lock = threading.Lock()
         self._armed: list[FaultSpec] = []
 
-    def offer(self, directive: Directive) -> None:
-        """Take one directive line (runs on the channel's reader thread); never raises."""
-        if directive.get("directive") != "fault":
-            if self._on_other is not None:
-                self._on_other(directive)
-            else:
-                log.info("non-fault directive ignored", directive=str(directive)[:200])
-            return
-        try:
-            fault = FaultDirective.model_validate(directive).fault
-        except ValidationError as exc:
-            log.warning("malformed fault directive ignored", error=str(exc)[:500])
-            return
+    def offer(self, fault: FaultSpec) -> None:
+        """Arm one fault (runs on the channel's reader thread); never raises."""
         if fault.rank != self.rank:
             # Misrouted: striking the wrong rank would make a drill report a false culprit.
             log.warning("fault for another rank ignored", fault_rank=fault.rank, rank=self.rank)

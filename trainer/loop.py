@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from unicron.shared.messages import WorkerLaunch
 from unicron.shared.reports import StepCompleted, WorkerPhase
+from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer import checkpoint
 from unicron.trainer.channel import Report
 from unicron.trainer.faults import FaultInbox, FaultInjector

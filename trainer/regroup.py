@@ -1,7 +1,7 @@
 """Regroup directives waiting for the training thread, and when a worker may wait for one.
 
-The agent hands a worker a ``RegroupDirective`` (``{"directive": "regroup", ...}``) over the
-local channel to re-form its process group in place under a new generation (docs/design.md §5).
+The agent hands a worker a ``RegroupDirective`` (:mod:`shared.workerchannel`) over the local
+channel to re-form its process group in place under a new generation (docs/design.md §5).
 The channel's reader thread parks it here; the training thread looks between micro-batches
 (:meth:`RegroupInbox.pending` is one unlocked read) and applies it at once, or waits for one
 while *parked* after a peer failure. Only the newest generation above the current one is
@@ -15,25 +15,16 @@ error in its compute) still ends the process: its memory is not to be trusted.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import RegroupDirective
 from unicron.shared.taxonomy import FailureCategory
-from unicron.trainer.channel import Directive
 from unicron.trainer.classify import classify
 
 log = get_logger(component="trainer.regroup")
-
-PARK_TIMEOUT_ENV = "UNICRON_PARK_TIMEOUT_S"
-# Long enough for the control plane to detect, plan and send the directive; a worker nobody
-# regroups then exits 1 as it would have without parking.
-DEFAULT_PARK_TIMEOUT_S = 60.0
 
 # What a collective raises when a peer died or the network between them broke.
 PEER_FAILURES = frozenset(
@@ -45,15 +36,6 @@ PEER_FAILURES = frozenset(
         FailureCategory.LINK_FLAPPING,
     }
 )
-
-
-def park_timeout_from_env(environ: dict[str, str] | None = None) -> float:
-    raw = (os.environ if environ is None else environ).get(PARK_TIMEOUT_ENV)
-    try:
-        return max(0.0, float(raw)) if raw else DEFAULT_PARK_TIMEOUT_S
-    except ValueError:
-        log.warning("bad park timeout ignored", value=raw)
-        return DEFAULT_PARK_TIMEOUT_S
 
 
 def is_peer_failure(exc: BaseException) -> bool:
@@ -75,25 +57,17 @@ class RegroupInbox:
         self._cond = threading.Condition()
         self._pending: PendingRegroup | None = None
 
-    def offer(self, directive: Directive) -> bool:
-        """Take a directive line (reader thread); False if it is not a regroup. Never raises."""
-        if directive.get("directive") != "regroup":
-            return False
+    def offer(self, regroup: RegroupDirective) -> None:
+        """Keep ``regroup`` if it is newer than what this worker has (reader thread)."""
         received = time.perf_counter()
-        try:
-            regroup = RegroupDirective.model_validate(directive)
-        except ValidationError as exc:
-            log.warning("malformed regroup directive ignored", error=str(exc)[:500])
-            return True
         with self._cond:
             newest = self._pending.directive.generation if self._pending else self.generation
             if regroup.job_id != self.job_id or regroup.generation <= newest:
                 log.info("stale regroup directive ignored", generation=regroup.generation)
-                return True
+                return
             self._pending = PendingRegroup(regroup, received)
             self._cond.notify_all()
         log.info("regroup directive", generation=regroup.generation, rank=regroup.rank)
-        return True
 
     def pending(self) -> bool:
         return self._pending is not None

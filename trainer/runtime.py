@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -35,25 +36,29 @@ from pydantic import ValidationError
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import Rendezvous, WorkerLaunch
+from unicron.shared.messages import RegroupDirective, Rendezvous
 from unicron.shared.models import JobSpec
 from unicron.shared.reports import WorkerException, WorkerHello
-from unicron.trainer.channel import AgentChannel, Directive, Report
+from unicron.shared.workerchannel import (
+    AnyWorkerDirective,
+    FaultDirective,
+    WorkerEnv,
+    WorkerLaunch,
+    env_name,
+)
+from unicron.trainer.channel import AgentChannel, Report
 from unicron.trainer.classify import classify, describe_chain
 from unicron.trainer.elastic import ElasticRank, ParkExpired
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.handoff import Replica
 from unicron.trainer.loop import Channel
 from unicron.trainer.parallel import Scheduler
-from unicron.trainer.regroup import RegroupInbox, park_timeout_from_env
+from unicron.trainer.regroup import RegroupInbox
 
 log = get_logger(component="trainer.runtime")
 
 # Reports carry the message for people and the detector; the full text stays in the log.
 MESSAGE_LIMIT = 4000
-# A local run (no launch) reads these; an agent sets UNICRON_CHECKPOINT_DIR for every worker.
-SPEC_FILE_ENV = "UNICRON_JOB_SPEC"
-CHECKPOINT_DIR_ENV = "UNICRON_CHECKPOINT_DIR"
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ class RuntimeOptions:
     # How long a dying worker waits for its last report to reach the agent.
     flush_timeout_s: float = 2.0
     # How long a worker whose peer died keeps its memory waiting for a regroup directive.
-    park_timeout_s: float = field(default_factory=park_timeout_from_env)
+    park_timeout_s: float = field(default_factory=lambda: WorkerEnv.read().park_timeout_s)
 
 
 class Offline:
@@ -99,12 +104,14 @@ class Runtime:
         self._reported: list[BaseException] = []
         launch = self.launch
         self.regroups = RegroupInbox(launch.job_id, launch.generation)
-        self.faults = FaultInbox(launch.rank, on_other=self._other)
+        self.faults = FaultInbox(launch.rank)
         self.channel: Channel = Offline()
         if not self.local:
             torch.set_num_threads(1)  # ranks share the node's cores; oversubscription slows all
             warm_up()
-            self.channel = AgentChannel(launch.agent_socket, on_directive=self.faults.offer)
+            self.channel = AgentChannel(
+                launch.agent_socket, on_directive=directive_router(self.faults, self.regroups)
+            )
             # Now, not at the first step, so the agent can reach this rank from the start.
             seat = WorkerHello(job_id=launch.job_id, generation=launch.generation, rank=launch.rank)
             self.channel.send(seat)
@@ -183,9 +190,21 @@ class Runtime:
         self._group = None
         _leave_process_group(failed, self.backend)
 
-    def _other(self, directive: Directive) -> None:
-        if not self.regroups.offer(directive):
-            log.info("non-fault directive ignored", directive=str(directive)[:200])
+
+def directive_router(
+    faults: FaultInbox, regroups: RegroupInbox
+) -> Callable[[AnyWorkerDirective], None]:
+    """What the channel's reader thread does with a directive: hand it to its inbox."""
+
+    def route(directive: AnyWorkerDirective) -> None:
+        if isinstance(directive, FaultDirective):
+            faults.offer(directive.fault)
+        elif isinstance(directive, RegroupDirective):
+            regroups.offer(directive)
+        else:  # a launch is for a spare that has not become a worker yet
+            log.info("directive ignored by a running worker", directive=directive.directive)
+
+    return route
 
 
 def warm_up() -> None:
@@ -214,19 +233,21 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def local_spec() -> JobSpec:
     """The spec of a local run: the job file in ``UNICRON_JOB_SPEC``, else the defaults."""
-    path = os.environ.get(SPEC_FILE_ENV)
+    path = WorkerEnv.read().job_spec
     if not path:
         return JobSpec(name="local")
     try:
         return JobSpec.model_validate(yaml.safe_load(Path(path).read_text()))
     except (OSError, yaml.YAMLError, ValidationError) as exc:
-        raise ValueError(f"{SPEC_FILE_ENV}={path} is not a readable job spec: {exc}") from None
+        raise ValueError(
+            f"{env_name('job_spec')}={path} is not a readable job spec: {exc}"
+        ) from None
 
 
 def local_launch(spec: JobSpec) -> WorkerLaunch:
     """The launch of a script run outside Unicron: rank 0 of 1, checkpoints in
     ``UNICRON_CHECKPOINT_DIR`` or a fresh temporary directory."""
-    directory = os.environ.get(CHECKPOINT_DIR_ENV) or tempfile.mkdtemp(prefix="unicron-local-")
+    directory = WorkerEnv.read().checkpoint_dir or tempfile.mkdtemp(prefix="unicron-local-")
     log.info("running locally, outside Unicron", checkpoint_dir=directory, steps=spec.steps)
     return WorkerLaunch(
         node_id="local",

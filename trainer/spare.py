@@ -6,7 +6,7 @@ replacement rank taken from a spare skips that. ``python -m trainer.worker --spa
 channel at ``UNICRON_AGENT_SOCKET`` and says hello as a spare — a ``WorkerHello`` with
 ``job_id=""``, ``generation=-1`` and ``rank=-1`` (the agent tells spares apart by the
 connection's peer pid, ``SO_PEERCRED``, since it started them). It then waits for one
-``SpareLaunch`` line (``{"directive": "launch", "launch": <WorkerLaunch>, "script": …}``),
+``SpareLaunch`` directive (:mod:`shared.workerchannel`),
 closes that connection and runs exactly as a worker started with that launch: the reference
 trainer, or — with ``script`` — the job's own Python script or module, run in this process with
 the argv, environment and working directory a fresh process would have had (:func:`run_script`).
@@ -19,23 +19,23 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import json
 import os
 import runpy
 import socket
 import sys
 import time
 
-from pydantic import ValidationError
-
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import ScriptLaunch, SpareLaunch
 from unicron.shared.reports import WorkerHello
+from unicron.shared.workerchannel import (
+    DirectiveError,
+    ScriptLaunch,
+    SpareLaunch,
+    parse_directive,
+)
 
 log = get_logger(component="trainer.spare")
 
-SPARE_ENV = "UNICRON_WORKER_SPARE"
-AGENT_SOCKET_ENV = "UNICRON_AGENT_SOCKET"
 SPARE_HELLO = WorkerHello(job_id="", generation=-1, rank=-1)
 
 
@@ -78,17 +78,18 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
 
 
 def _launch_of(line: bytes) -> SpareLaunch | None:
+    """The launch on ``line``; None for a line that is not one. Raises ValueError for a
+    launch that is not valid: a spare must not wait forever for a launch it was sent."""
     try:
-        message = json.loads(line)
-    except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
-        message = None
-    if not isinstance(message, dict) or message.get("directive") != "launch":
+        directive = parse_directive(line)
+    except DirectiveError as exc:
+        if exc.name == "launch":
+            raise ValueError(f"not a valid SpareLaunch: {exc}") from None
+        directive = None
+    if not isinstance(directive, SpareLaunch):
         log.info("spare ignores a line that is not a launch", line=line[:200])
         return None
-    try:
-        return SpareLaunch.model_validate(message)
-    except ValidationError as exc:
-        raise ValueError(f"not a valid SpareLaunch: {exc}") from None
+    return directive
 
 
 def run_script(script: ScriptLaunch) -> int:

@@ -14,12 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
-from pydantic import ValidationError
-
 from unicron.shared.logging import configure_logging
-from unicron.shared.messages import WorkerLaunch
-
-LAUNCH_ENV = "UNICRON_WORKER_LAUNCH"
+from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch, env_name
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -28,29 +24,26 @@ EXIT_BAD_LAUNCH = 2
 
 def read_launch(environ: dict[str, str] | None = None) -> WorkerLaunch:
     """Parse the launch from the environment; raises ValueError saying what is wrong."""
-    raw = (os.environ if environ is None else environ).get(LAUNCH_ENV)
-    if not raw:
-        raise ValueError(f"{LAUNCH_ENV} is not set; a worker must be started by a node agent")
-    try:
-        return WorkerLaunch.model_validate_json(raw)
-    except ValidationError as exc:
-        raise ValueError(f"{LAUNCH_ENV} is not a valid WorkerLaunch: {exc}") from None
+    return required_launch(WorkerEnv.read(environ))
 
 
-def launch_env(launch: WorkerLaunch) -> dict[str, str]:
-    """The environment entries an agent adds to start a worker for ``launch``."""
-    return {LAUNCH_ENV: launch.model_dump_json()}
+def required_launch(env: WorkerEnv) -> WorkerLaunch:
+    if env.launch is None:
+        name = env_name("launch")
+        raise ValueError(f"{name} is not set; a worker must be started by a node agent")
+    return env.launch
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if "--spare" in args or os.environ.get("UNICRON_WORKER_SPARE") == "1":
-        return spare_main()
     try:
-        launch = read_launch()
+        env = WorkerEnv.read()
+        launch = None if "--spare" in args or env.spare else required_launch(env)
     except ValueError as exc:
         print(f"trainer.worker: {exc}", file=sys.stderr)
         return EXIT_BAD_LAUNCH
+    if launch is None:
+        return spare_main(env)
     configure_logging(f"trainer.rank{launch.rank}")
     return train_gpt(launch)
 
@@ -68,14 +61,14 @@ def train_gpt(launch: WorkerLaunch) -> int:
     return EXIT_OK
 
 
-def spare_main() -> int:
+def spare_main(env: WorkerEnv) -> int:
     """A warm spare: load torch now, wait for a launch, then run it (see trainer.spare)."""
     from unicron.trainer import spare
 
     configure_logging("unicron.trainer.spare")
-    path = os.environ.get(spare.AGENT_SOCKET_ENV)
+    path = env.agent_socket
     if not path:
-        print(f"trainer.worker: {spare.AGENT_SOCKET_ENV} is not set for a spare", file=sys.stderr)
+        print(f"trainer.worker: {env_name('agent_socket')} is not set for a spare", file=sys.stderr)
         return EXIT_BAD_LAUNCH
     spare.warm_up()
     try:

@@ -29,7 +29,6 @@ reported to the agent once, before the process exits 1 (an exception hook instal
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 from collections.abc import Iterator
 from types import TracebackType
@@ -37,11 +36,11 @@ from typing import Any
 
 import torch
 
-from unicron.shared.messages import WorkerLaunch
 from unicron.shared.models import JobSpec
+from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch
 from unicron.trainer.runtime import Runtime, RuntimeOptions
 from unicron.trainer.sampling import MapDataset, Source, source_of
-from unicron.trainer.worker import LAUNCH_ENV, exit_now, read_launch
+from unicron.trainer.worker import exit_now
 
 __all__ = ["Run", "init"]
 
@@ -151,8 +150,8 @@ def init(
     ``UNICRON_WORKER_LAUNCH``, else a local single-process run of ``spec`` (default
     ``JobSpec``). Raises ValueError for a launch that is not valid."""
     global _current
-    if launch is None and LAUNCH_ENV in os.environ:
-        launch = read_launch()
+    if launch is None:
+        launch = WorkerEnv.read().launch
     runtime = Runtime(launch, options, spec)
     torch.manual_seed(runtime.launch.spec.seed)  # the same initial model on every rank
     run = _current = Run(runtime)

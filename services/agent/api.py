@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from unicron.shared.identity import WorkerKey
-from unicron.shared.messages import SpareLaunch
 from unicron.shared.reports import AnyWorkerReport
+from unicron.shared.workerchannel import AnyWorkerDirective, SpareLaunch
 
 Report = AnyWorkerReport
 
@@ -51,9 +51,7 @@ class WorkerLink(Protocol):
 
     def adopt(self, old: WorkerKey, new: WorkerKey) -> None: ...
 
-    async def send_to_worker(
-        self, job_id: str, generation: int, rank: int, payload: dict[str, Any]
-    ) -> bool: ...
+    async def send_to_worker(self, key: WorkerKey, directive: AnyWorkerDirective) -> bool: ...
 
 
 class SpareSource(Protocol):

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import struct
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -34,6 +32,7 @@ from unicron.shared.reports import (
     WorkerPhase,
     WorkerStarted,
 )
+from unicron.shared.workerchannel import AnyWorkerDirective, directive_line
 
 MAX_LINE = 1 << 20  # a report is a few hundred bytes; anything near this is garbage
 SEND_TIMEOUT_S = 1.0
@@ -115,14 +114,13 @@ class WorkerChannel:
         conn.launched = new
         self._bind(conn, new)
 
-    async def send_to_worker(
-        self, job_id: str, generation: int, rank: int, payload: dict[str, Any]
-    ) -> bool:
-        """Send one JSON line to that worker; False when it is not connected or not reading."""
-        conn = self._by_key.get(WorkerKey(job_id, generation, rank))
+    async def send_to_worker(self, key: WorkerKey, directive: AnyWorkerDirective) -> bool:
+        """Send ``directive`` to the worker that speaks for ``key``; False when it is not
+        connected or not reading."""
+        conn = self._by_key.get(key)
         if conn is None or conn.writer.is_closing():
             return False
-        conn.writer.write(json.dumps(payload).encode() + b"\n")
+        conn.writer.write(directive_line(directive))
         try:
             await asyncio.wait_for(conn.writer.drain(), SEND_TIMEOUT_S)
         except (TimeoutError, ConnectionError):

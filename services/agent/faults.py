@@ -10,13 +10,13 @@ need nothing here: supervision and hang detection report them like any other.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 from unicron.services.agent.api import WorkerLink
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
 from unicron.shared.identity import WorkerKey
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import FaultDirective, FaultKind, InjectFault
+from unicron.shared.messages import FaultKind, InjectFault
+from unicron.shared.workerchannel import FaultDirective
 
 log = get_logger(component="faults")
 REMEMBERED = 1024  # command ids kept to drop a redelivered drill
@@ -39,7 +39,7 @@ class FaultInjector:
         worker = self.supervisor.find(self.channel.launched_as(key) or key)
         if worker is None:
             raise CommandRejectedError(f"no live worker {_name(key)} on this node")
-        directive = FaultDirective(fault=cmd.fault).model_dump(mode="json")
+        directive = FaultDirective(fault=cmd.fault)
         if await self._send(worker, key, directive):
             flog.info("fault sent to worker", fault=cmd.fault.kind.value)
         elif cmd.fault.kind == FaultKind.CRASH:
@@ -53,11 +53,11 @@ class FaultInjector:
         if len(self._done) > REMEMBERED:
             self._done.popitem(last=False)
 
-    async def _send(self, worker: Worker, key: WorkerKey, directive: dict[str, Any]) -> bool:
+    async def _send(self, worker: Worker, key: WorkerKey, directive: FaultDirective) -> bool:
         """Send by the identity the command names, or by the one the worker connected with (a
         worker told to regroup is reachable before it reports under its new identity)."""
         for ident in dict.fromkeys((key, worker.current, worker.key)):
-            if await self.channel.send_to_worker(*ident, directive):
+            if await self.channel.send_to_worker(ident, directive):
                 return True
         return False
 

@@ -18,11 +18,10 @@ from typing import NamedTuple
 
 from unicron.services.agent.registry import EntrypointRegistry
 from unicron.shared.credentials import without_credentials
-from unicron.shared.messages import StartWorker, WorkerLaunch
+from unicron.shared.messages import StartWorker
 from unicron.shared.models import JobSpec
+from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch
 
-LAUNCH_ENV = "UNICRON_WORKER_LAUNCH"
-SOCKET_ENV = "UNICRON_AGENT_SOCKET"
 PYTHON_NAMES = frozenset({"python", "python3"})
 
 
@@ -103,10 +102,12 @@ def process_launch(
         **without_credentials(os.environ),
         **spec.env,
         **slot_env,
-        LAUNCH_ENV: launch.model_dump_json(),
-        SOCKET_ENV: str(socket),
-        "UNICRON_JOB_ID": cmd.job_id,
-        "UNICRON_CHECKPOINT_DIR": str(ctx.checkpoint_dir),
+        **WorkerEnv(
+            launch=launch,
+            agent_socket=str(socket),
+            job_id=cmd.job_id,
+            checkpoint_dir=str(ctx.checkpoint_dir),
+        ).to_environ(),
     }
     if spec.entrypoint is None:
         return ProcessLaunch(registry.argv(spec.trainer), env, ctx.cwd)

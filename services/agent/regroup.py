@@ -53,10 +53,9 @@ class Regrouper:
             rlog.info("worker already at or past this generation", at=worker.generation)
             self._remember(once)
             return
-        payload = directive.model_dump(mode="json")
         sent = False
         for key in dict.fromkeys((worker.current, worker.key, old)):
-            if await self.channel.send_to_worker(*key, payload):
+            if await self.channel.send_to_worker(key, directive):
                 sent = True
                 break
         if not sent:

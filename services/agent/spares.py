@@ -33,6 +33,7 @@ from unicron.shared.credentials import without_credentials
 from unicron.shared.identity import WorkerKey
 from unicron.shared.logging import get_logger
 from unicron.shared.procs import die_with_parent
+from unicron.shared.workerchannel import WorkerEnv, env_name
 
 log = get_logger(component="spares")
 # A warming spare (importing torch) must not slow the node's workers: it runs at this niceness
@@ -40,7 +41,6 @@ log = get_logger(component="spares")
 SPARE_NICE = 10
 SPARE_JOB = "~spare"  # a job id no real job can have (they start with a letter or digit)
 MAX_FAILED_STARTS = 3
-SOCKET_ENV = "UNICRON_AGENT_SOCKET"
 
 
 @dataclass
@@ -144,11 +144,10 @@ class SparePool:
             if not self._full_priority(spare):
                 kill_group(spare.proc.pid)
                 continue
-            payload = launch.model_dump(mode="json")
             # Adopted first: the worker it becomes may report before the send returns, and
             # those reports must already read as the job's, not the spare's.
             self.channel.adopt(spare.key, key)
-            if not await self.channel.send_to_worker(*spare.key, payload):
+            if not await self.channel.send_to_worker(spare.key, launch):
                 log.warning("spare did not take its launch; killing it", pid=spare.proc.pid)
                 kill_group(spare.proc.pid)
                 continue
@@ -207,9 +206,9 @@ class SparePool:
         env = {
             **without_credentials(os.environ),  # a spare becomes the user's code: no logins
             **pool.env(slot),
-            SOCKET_ENV: str(self.socket_path),
+            **WorkerEnv(agent_socket=str(self.socket_path)).to_environ(),
         }
-        env.pop("UNICRON_WORKER_LAUNCH", None)
+        env.pop(env_name("launch"), None)
         try:
             with path.open("ab") as out:
                 proc = await asyncio.create_subprocess_exec(

@@ -32,9 +32,10 @@ from unicron.services.agent.workers import Worker as Worker
 from unicron.services.agent.workers import WorkerKey as WorkerKey
 from unicron.services.agent.workers import kill_group
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import ScriptLaunch, SpareLaunch, StartWorker, StopWorkers
+from unicron.shared.messages import StartWorker, StopWorkers
 from unicron.shared.procs import die_with_parent
 from unicron.shared.reports import WorkerException, WorkerExited, WorkerStarted
+from unicron.shared.workerchannel import ScriptLaunch, SpareLaunch
 
 log = get_logger(component="supervisor")
 # job ids become directory names: refuse anything that could climb out of the log directory.

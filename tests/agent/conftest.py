@@ -30,6 +30,7 @@ from unicron.shared.events import CloudEvent, NodeJoined
 from unicron.shared.messages import Rendezvous, StartWorker
 from unicron.shared.models import Job, JobSpec, JobState, NodeRecord
 from unicron.shared.state import StateStore
+from unicron.shared.workerchannel import AnyWorkerDirective, parse_directive
 
 R = TypeVar("R", bound=Report)
 T = TypeVar("T")
@@ -58,6 +59,13 @@ class RecordingSink:
                 report = await self.reports.get()
                 if isinstance(report, cls):
                     return report
+
+
+def directives(log: Path) -> list[AnyWorkerDirective]:
+    """The directives a fake worker logged as ``directive <line>``, in the order it got them."""
+    prefix = "directive "
+    lines = log.read_text().splitlines()
+    return [parse_directive(line.removeprefix(prefix)) for line in lines if line.startswith(prefix)]
 
 
 async def until(predicate: Callable[[], bool], within: float = 10.0) -> None:

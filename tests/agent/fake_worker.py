@@ -6,8 +6,9 @@ then acts on ``spec.name``:
 
 - ``exit-N`` sends ``spec.steps`` StepCompleted lines and exits with N;
 - ``hang`` sends them and sleeps until killed;
-- ``echo`` sends nothing unasked but reads directives from the socket, answers each
-  ``{"step": S}`` with a StepCompleted for step S and ``{"exit": N}`` by exiting with N;
+- ``echo`` sends nothing unasked but reads directives from the socket: a fault drill of kind
+  ``exit`` makes it exit with its ``exit_code``, any other drill is answered with a
+  StepCompleted for the drill's ``at_step``;
 - ``step-LO-HI-SPIKE-CKPT`` (milliseconds) steps like a trainer: a ``compute`` phase of LO to HI
   ms (SPIKE ms once in 25 steps, at random), a ``collective`` phase, a StepCompleted; rank 0
   writes a checkpoint (phase ``checkpoint``, CKPT ms) every ``spec.checkpoint_every`` steps.
@@ -57,10 +58,10 @@ def step_line(launch: dict[str, Any], step: int, iteration_s: float = 0.01) -> b
 
 def echo(sock: socket.socket, launch: dict[str, Any]) -> int:
     for raw in sock.makefile("rb"):
-        directive = json.loads(raw)
-        if "exit" in directive:
-            return int(directive["exit"])
-        sock.sendall(step_line(launch, int(directive["step"])))
+        fault = json.loads(raw)["fault"]
+        if fault["kind"] == "exit":
+            return int(fault["exit_code"])
+        sock.sendall(step_line(launch, int(fault["at_step"])))
     return 0
 
 

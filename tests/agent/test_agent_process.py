@@ -31,11 +31,12 @@ from unicron.services.agent.settings import AgentSettings
 from unicron.shared.bus import Bus
 from unicron.shared.embedded import EmbeddedServer, start_nats, start_redis
 from unicron.shared.events import NodeJoined
-from unicron.shared.messages import DeadLetter, StopWorkers, WorkerLaunch, command_subject
+from unicron.shared.messages import DeadLetter, StopWorkers, command_subject
 from unicron.shared.models import NodeRecord, NodeState
 from unicron.shared.procs import port_open
 from unicron.shared.reports import WORKER_REPORT, StepCompleted, WorkerExited, WorkerStarted
 from unicron.shared.state import StateStore
+from unicron.shared.workerchannel import WorkerLaunch
 
 
 def gone(pid: int) -> bool:

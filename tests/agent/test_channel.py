@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
@@ -12,10 +11,16 @@ import pytest
 from tests.agent.conftest import RecordingSink, start_cmd, until
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.supervisor import Supervisor, WorkerKey
+from unicron.shared.messages import FaultKind, FaultSpec
 from unicron.shared.reports import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
+from unicron.shared.workerchannel import FaultDirective, parse_directive
 from unicron.trainer.channel import AgentChannel
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def drill(kind: FaultKind = FaultKind.SLOW, **fields: object) -> FaultDirective:
+    return FaultDirective(fault=FaultSpec.model_validate({"rank": 0, "kind": kind, **fields}))
 
 
 def step(step: int, node: str = "n1", job: str = "job-a", gen: int = 1) -> bytes:
@@ -69,34 +74,35 @@ async def test_directive_reaches_the_worker_that_reported(
     channel: WorkerChannel, sink: RecordingSink, conn: Conn
 ) -> None:
     reader, writer = conn
-    assert not await channel.send_to_worker("job-a", 1, 0, {"x": 1})
+    first, second = drill(at_step=1), drill(at_step=2)
+    assert not await channel.send_to_worker(WorkerKey("job-a", 1, 0), first)
     writer.write(b'{"kind": "hello", "job_id": "job-a", "generation": 1, "rank": 0}\n')
     writer.write(step(1, gen=2))  # re-formed in place: reachable under both generations
     await writer.drain()
     await sink.next(StepCompleted)
-    assert await channel.send_to_worker("job-a", 1, 0, {"x": 1})
-    assert await channel.send_to_worker("job-a", 2, 0, {"x": 2})
-    lines = [json.loads(await asyncio.wait_for(reader.readline(), 5)) for _ in range(2)]
-    assert lines == [{"x": 1}, {"x": 2}]
+    assert await channel.send_to_worker(WorkerKey("job-a", 1, 0), first)
+    assert await channel.send_to_worker(WorkerKey("job-a", 2, 0), second)
+    lines = [parse_directive(await asyncio.wait_for(reader.readline(), 5)) for _ in range(2)]
+    assert lines == [first, second]
     assert sink.letters.empty()  # the hello is not a report, and not an error either
     writer.close()
     await writer.wait_closed()
     await until(lambda: not channel.connected(WorkerKey("job-a", 1, 0)))
-    assert not await channel.send_to_worker("job-a", 1, 0, {"x": 3})
+    assert not await channel.send_to_worker(WorkerKey("job-a", 1, 0), first)
 
 
 async def test_launched_worker_is_known_by_its_pid(
     supervisor: Supervisor, channel: WorkerChannel, sink: RecordingSink
 ) -> None:
     """A worker the supervisor launched is reachable before it sends anything (``echo`` sends
-    nothing unasked: it answers ``{"step": S}`` with a report, ``{"exit": N}`` by exiting)."""
+    nothing unasked: it answers a drill for step S with a report, an exit drill by exiting)."""
     await supervisor.start_worker(*start_cmd("job-e", "echo", generation=3, rank=1))
     key = WorkerKey("job-e", 3, 1)
     await until(lambda: channel.connected(key))
     assert sink.reports.qsize() == 1  # only WorkerStarted: the pid alone identified it
-    assert await channel.send_to_worker(*key, {"step": 42})
+    assert await channel.send_to_worker(key, drill(at_step=42))
     assert (await sink.next(StepCompleted)).step == 42
-    assert await channel.send_to_worker(*key, {"exit": 7})
+    assert await channel.send_to_worker(key, drill(FaultKind.EXIT, exit_code=7))
     assert (await sink.next(WorkerExited)).exit_code == 7
 
 

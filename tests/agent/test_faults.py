@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import NODE, RecordingSink, start_cmd, until
+from tests.agent.conftest import NODE, RecordingSink, directives, start_cmd, until
 from unicron.services.agent import gpus
 from unicron.services.agent.agent import Agent
 from unicron.services.agent.channel import WorkerChannel
@@ -20,10 +20,11 @@ from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.store import RendezvousStore
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
 from unicron.shared.bus import Bus
-from unicron.shared.messages import AGENT_COMMAND, FaultDirective, FaultKind, FaultSpec, InjectFault
+from unicron.shared.messages import AGENT_COMMAND, FaultKind, FaultSpec, InjectFault
 from unicron.shared.models import NodeRecord, NodeState, now
 from unicron.shared.reports import WorkerExited, WorkerStarted
 from unicron.shared.state import StateStore
+from unicron.shared.workerchannel import FaultDirective
 
 STEPPER = "step-20-40-40-0"
 
@@ -32,12 +33,6 @@ def fault(job: str, rank: int, kind: FaultKind, **spec: object) -> InjectFault:
     return InjectFault(
         job_id=job, generation=1, rank=rank, fault=FaultSpec(rank=rank, kind=kind, **spec)
     )
-
-
-def directives(log: Path) -> list[object]:
-    prefix = "directive "
-    lines = log.read_text().splitlines()
-    return [json.loads(line.removeprefix(prefix)) for line in lines if line.startswith(prefix)]
 
 
 async def test_fault_reaches_the_right_worker_once(
@@ -55,7 +50,7 @@ async def test_fault_reaches_the_right_worker_once(
     await injector.inject(last)
     log = supervisor.log_path(WorkerKey("job-a", 1, 1))
     await until(lambda: len(directives(log)) == 2)  # lines arrive in order: no duplicate between
-    got = [FaultDirective.model_validate(d) for d in directives(log)]
+    got = directives(log)
     assert got == [FaultDirective(fault=f.fault) for f in (first, last)]
     assert directives(supervisor.log_path(WorkerKey("job-a", 1, 0))) == []
     assert sink.letters.empty()

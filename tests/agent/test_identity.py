@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 from unicron.shared.identity import JobRank, WorkerIdentity, WorkerKey
-from unicron.shared.messages import Rendezvous, StartWorker, WorkerLaunch
+from unicron.shared.messages import Rendezvous, StartWorker
 from unicron.shared.models import JobSpec
 from unicron.shared.reports import WORKER_REPORT, WorkerExited, WorkerStarted
+from unicron.shared.workerchannel import WorkerLaunch
 
 IDS = {"node_id": "n1", "job_id": "job-a", "generation": 2, "rank": 1}
 RENDEZVOUS = Rendezvous(host="127.0.0.1", port=29500, prefix="job-a/g2")

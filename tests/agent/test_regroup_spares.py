@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import FAKE_WORKER, NODE, RecordingSink, inbox, start_cmd, until
+from tests.agent.conftest import (
+    FAKE_WORKER,
+    NODE,
+    RecordingSink,
+    directives,
+    inbox,
+    start_cmd,
+    until,
+)
 from unicron.services.agent.agent import Agent
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.hang import HangWatch
@@ -29,13 +37,12 @@ from unicron.shared.messages import (
     RegroupDirective,
     RegroupWorker,
     Rendezvous,
-    SpareLaunch,
     StopWorkers,
-    WorkerLaunch,
     command_subject,
 )
 from unicron.shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
 from unicron.shared.state import StateStore
+from unicron.shared.workerchannel import SpareLaunch, WorkerLaunch
 
 STEPPER = "step-20-40-40-0"
 
@@ -50,10 +57,6 @@ def regroup(
     return RegroupWorker(
         job_id=job, from_generation=from_gen, from_rank=from_rank, directive=directive
     )
-
-
-def directives(log: Path) -> list[str]:
-    return [line for line in log.read_text().splitlines() if line.startswith("directive ")]
 
 
 async def test_regroup_reaches_the_worker_and_rekeys_it(
@@ -81,7 +84,8 @@ async def test_regroup_reaches_the_worker_and_rekeys_it(
     assert worker.alive
     log = tmp_path / "logs" / "job-a" / "g1-r2.log"
     await until(lambda: len(directives(log)) >= 1)
-    assert len(directives(log)) == 1 and '"directive": "regroup"' in directives(log)[0]
+    (sent,) = directives(log)
+    assert isinstance(sent, RegroupDirective) and sent.generation == 2
 
     # a worker this node does not run cannot be regrouped
     with pytest.raises(CommandRejectedError, match="no live worker job-a g1 r1"):

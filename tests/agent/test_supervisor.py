@@ -13,8 +13,9 @@ import pytest
 from tests.agent.conftest import RecordingSink, start_cmd
 from unicron.services.agent.outbox import Report
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from unicron.shared.messages import StopWorkers, WorkerLaunch
+from unicron.shared.messages import StopWorkers
 from unicron.shared.reports import StepCompleted, WorkerExited, WorkerStarted
+from unicron.shared.workerchannel import WorkerLaunch
 
 
 def drain(sink: RecordingSink) -> list[Report]:

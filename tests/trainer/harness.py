@@ -22,10 +22,10 @@ from typing import Any
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from unicron.shared.messages import Rendezvous, WorkerLaunch
+from unicron.shared.messages import Rendezvous
 from unicron.shared.models import JobSpec, ModelConfig
 from unicron.shared.procs import die_with_parent, free_port
-from unicron.trainer.worker import launch_env
+from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch, env_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -236,10 +236,10 @@ def spawn(
     launch: WorkerLaunch | None, module: str = "unicron.trainer.worker", **extra_env: str
 ) -> subprocess.Popen[bytes]:
     """Start a worker the way an agent does: a fresh interpreter with the launch in its env."""
-    env = {k: v for k, v in os.environ.items() if k != "UNICRON_WORKER_LAUNCH"}
+    env = {k: v for k, v in os.environ.items() if k != env_name("launch")}
     env.update(extra_env)
     if launch is not None:
-        env.update(launch_env(launch))
+        env.update(WorkerEnv(launch=launch).to_environ())
     return subprocess.Popen(
         [sys.executable, "-m", module],
         cwd=REPO,

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.harness import AgentStandIn
+from unicron.shared.messages import FaultKind, FaultSpec
 from unicron.shared.reports import WORKER_REPORT, StepCompleted, WorkerException, WorkerPhase
+from unicron.shared.workerchannel import AnyWorkerDirective, FaultDirective
 from unicron.trainer import channel as channel_module
-from unicron.trainer.channel import AgentChannel, Directive
+from unicron.trainer.channel import AgentChannel
 
 
 def step_report(step: int) -> StepCompleted:
@@ -41,7 +43,7 @@ def socket_path() -> Iterator[str]:
 
 def test_reports_arrive_as_json_lines_and_directives_come_back(socket_path: str) -> None:
     agent = AgentStandIn(socket_path)
-    directives: queue.Queue[Directive] = queue.Queue()
+    directives: queue.Queue[AnyWorkerDirective] = queue.Queue()
     channel = AgentChannel(socket_path, on_directive=directives.put)
     try:
         for step in (1, 2):
@@ -51,10 +53,12 @@ def test_reports_arrive_as_json_lines_and_directives_come_back(socket_path: str)
         assert [r.step for r in received if isinstance(r, StepCompleted)] == [1, 2]
 
         conn = agent.connections.get(timeout=5)
-        conn.sendall(b'not json\n[1, 2]\n{"fault": "raise", "at_step": 3}\n{"a"')
-        conn.sendall(b": 1}\n")
-        assert directives.get(timeout=5) == {"fault": "raise", "at_step": 3}
-        assert directives.get(timeout=5) == {"a": 1}
+        fault = FaultDirective(fault=FaultSpec(rank=0, kind=FaultKind.CRASH, at_step=3))
+        line = fault.model_dump_json().encode()
+        conn.sendall(b'not json\n[1, 2]\n{"directive": "raise"}\n' + line[:7])
+        conn.sendall(line[7:] + b"\n")  # a line split across two writes
+        assert directives.get(timeout=5) == fault  # the lines before it were dropped
+        assert directives.empty()
     finally:
         channel.close()
         agent.close()

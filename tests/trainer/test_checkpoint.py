@@ -9,8 +9,8 @@ import torch
 
 import unicron.train
 from tests.trainer.harness import agent_and_store, make_launch, make_spec, next_generation
-from unicron.shared.messages import WorkerLaunch
 from unicron.shared.taxonomy import FailureCategory
+from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer import checkpoint, gpt
 from unicron.trainer.model import GPT
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from tests.trainer.harness import make_spec
 from unicron.shared.messages import RegroupDirective, Rendezvous
+from unicron.shared.workerchannel import WorkerEnv
 from unicron.trainer.gpt import make_optimizer
 from unicron.trainer.handoff import Holding, Replica, fall_back_to_disk, plan_handoff
 from unicron.trainer.model import build_model
-from unicron.trainer.regroup import RegroupInbox, is_peer_failure, park_timeout_from_env
+from unicron.trainer.regroup import RegroupInbox, is_peer_failure
 
 
 def exactly_once(
@@ -82,20 +83,19 @@ def test_a_rank_without_state_and_no_checkpoint_starts_from_step_zero(tmp_path: 
     assert fall_back_to_disk(replica, str(tmp_path)) is None  # it has state now: kept
 
 
-def directive(generation: int, job_id: str = "job-t") -> dict[str, object]:
+def directive(generation: int, job_id: str = "job-t") -> RegroupDirective:
     rendezvous = Rendezvous(host="h", port=1, prefix=f"g{generation}/")
-    line = RegroupDirective(
+    return RegroupDirective(
         job_id=job_id, generation=generation, rank=0, world_size=1, rendezvous=rendezvous
     )
-    return line.model_dump(mode="json")
 
 
 def test_the_inbox_keeps_the_newest_directive_and_drops_stale_ones() -> None:
     inbox = RegroupInbox("job-t", generation=2)
-    assert not inbox.offer({"directive": "fault"})  # not ours
-    assert inbox.offer(directive(2)) and not inbox.pending()  # not newer than ours
-    assert inbox.offer(directive(5, job_id="other")) and not inbox.pending()
-    assert inbox.offer({"directive": "regroup", "generation": "x"}) and not inbox.pending()
+    inbox.offer(directive(2))
+    assert not inbox.pending()  # not newer than ours
+    inbox.offer(directive(5, job_id="other"))
+    assert not inbox.pending()
     inbox.offer(directive(4))
     inbox.offer(directive(3))  # older than the one waiting
     assert inbox.wait(0.0)
@@ -112,6 +112,13 @@ def test_only_failures_a_lost_peer_causes_park_a_worker() -> None:
     )
     assert not is_peer_failure(RuntimeError("CUDA error: an illegal memory access"))
     assert not is_peer_failure(FloatingPointError("non-finite loss nan at step 3"))
-    assert park_timeout_from_env({"UNICRON_PARK_TIMEOUT_S": "2.5"}) == 2.5
-    assert park_timeout_from_env({"UNICRON_PARK_TIMEOUT_S": "soon"}) == 60.0
-    assert park_timeout_from_env({}) == 60.0
+
+
+def test_an_unreadable_park_timeout_falls_back_to_the_default() -> None:
+    def park_timeout(raw: str | None) -> float:
+        environ = {} if raw is None else {"UNICRON_PARK_TIMEOUT_S": raw}
+        return WorkerEnv.read(environ).park_timeout_s
+
+    assert park_timeout("2.5") == 2.5
+    assert park_timeout("-1") == 0.0
+    assert park_timeout("soon") == park_timeout(None) == 60.0

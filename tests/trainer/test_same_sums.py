@@ -12,8 +12,9 @@ import torch
 
 from tests.trainer.harness import make_spec
 from tests.trainer.transitions import executor
-from unicron.shared.messages import FaultDirective, FaultKind, FaultSpec
+from unicron.shared.messages import FaultKind, FaultSpec
 from unicron.shared.models import JobSpec
+from unicron.shared.workerchannel import FaultDirective
 from unicron.trainer import checkpoint
 from unicron.trainer.gpt import loss_of, make_optimizer
 from unicron.trainer.model import build_model

@@ -12,15 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.trainer.harness import AgentStandIn, agent_and_held_store, make_launch, spawn
-from unicron.shared.messages import (
-    FaultDirective,
-    FaultKind,
-    FaultSpec,
-    RegroupDirective,
-    WorkerLaunch,
-)
+from unicron.shared.messages import FaultKind, FaultSpec, RegroupDirective
 from unicron.shared.models import JobSpec
-from unicron.trainer.spare import AGENT_SOCKET_ENV, SPARE_ENV
+from unicron.shared.workerchannel import FaultDirective, WorkerEnv, WorkerLaunch
 
 Report = dict[str, Any]
 
@@ -62,7 +56,7 @@ class Executor:
         return proc.pid
 
     def start_spare(self) -> int:
-        return self.start(None, **{SPARE_ENV: "1", AGENT_SOCKET_ENV: self.agent.path})
+        return self.start(None, **WorkerEnv(spare=True, agent_socket=self.agent.path).to_environ())
 
     def use_spare(self, pid: int, launch: WorkerLaunch) -> None:
         line = {"directive": "launch", "launch": launch.model_dump(mode="json")}
