@@ -33,23 +33,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy unicron bench
 
-bench-detect: $(STAMP)
-	$(BIN)/python bench/detect.py
-
-bench-overhead: $(STAMP)
-	$(BIN)/python bench/overhead.py
-
-bench-plan: $(STAMP)
-	$(BIN)/python bench/plan.py
-
-bench-recover: $(STAMP)
-	$(BIN)/python bench/recover.py
-
-bench-simulate: $(STAMP)
-	$(BIN)/python bench/simulate.py
-
-bench-chaos: $(STAMP)
-	$(BIN)/python bench/chaos.py
+# `make bench-NAME` runs bench/NAME.py.
+BENCHES := detect overhead plan recover simulate chaos
+$(addprefix bench-,$(BENCHES)): bench-%: $(STAMP)
+	$(BIN)/python bench/$*.py
 
 clean:
 	rm -rf .unicron .pytest_cache .mypy_cache .ruff_cache

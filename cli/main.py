@@ -25,18 +25,22 @@ app = typer.Typer(
 )
 
 app.callback()(global_options)
-app.command()(up)
-app.command()(demo)
-app.command()(submit)
-app.command()(status)
-app.command()(cancel)
-app.command()(nodes)
-app.command()(events)
-app.command()(fault)
-app.command()(logs)
-app.command()(plan)
-app.command()(calibration)
-app.command()(simulate)
+COMMANDS = (
+    up,
+    demo,
+    submit,
+    status,
+    cancel,
+    nodes,
+    events,
+    fault,
+    logs,
+    plan,
+    calibration,
+    simulate,
+)
+for command in COMMANDS:  # in the order `unicron --help` lists them
+    app.command()(command)
 
 
 if __name__ == "__main__":

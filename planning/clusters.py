@@ -7,6 +7,8 @@ Register another preset with ``CLUSTERS.register(name, ClusterSpec(...))``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from unicron.planning.spec import ClusterSpec, Registry
 
 GB = 1e9
@@ -54,22 +56,7 @@ H100 = CLUSTERS.register(
 
 # H800 (the paper's cluster): H100 compute with NVLink cut to 400 GB/s bidirectional;
 # DeepSeek-V3 (2024, §3.2.2) measured 160 GB/s NVLink and 50 GB/s InfiniBand per GPU.
-H800 = CLUSTERS.register(
-    "h800",
-    ClusterSpec(
-        name="h800",
-        gpus_per_node=8,
-        peak_flops=989e12,
-        memory_bytes=80 * GB,
-        intra_bw=160 * GB,
-        inter_bw=40 * GB,
-        intra_latency_s=8e-6,
-        inter_latency_s=15e-6,
-        efficiency=0.5,
-        rows_half=128.0,
-        width_half=96.0,
-    ),
-)
+H800 = CLUSTERS.register("h800", replace(H100, name="h800", intra_bw=160 * GB, inter_bw=40 * GB))
 
 # This machine: one slot is one CPU worker process of the reference trainer (fp32, gloo over
 # loopback TCP). The reference trainer is data parallel only and runs the micro-batch it was

@@ -4,6 +4,7 @@ by its owner only, terminal states final, a refusal logged with the job and the 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -32,8 +33,20 @@ def job_in(state: JobState) -> Job:
     )
 
 
-def refusals(logs: list[dict[str, object]]) -> list[dict[str, object]]:
+def refusals(logs: Sequence[Mapping[str, object]]) -> list[Mapping[str, object]]:
     return [e for e in logs if e["event"] == "job state transition refused"]
+
+
+def refused_move(old: JobState, new: JobState, by: ServiceRole) -> Mapping[str, object]:
+    """Ask ``by`` to move a job from ``old`` to ``new``: refused, the record untouched, and the
+    one refusal logged is returned."""
+    job = job_in(old)
+    before = job.model_copy(deep=True)
+    with capture_logs() as logs:
+        assert not job.set_state(new, "why", by=by)
+    assert job == before
+    [refused] = refusals(logs)
+    return refused
 
 
 @pytest.mark.parametrize(("old", "new", "owner"), MOVES, ids=lambda v: getattr(v, "value", v))
@@ -70,12 +83,7 @@ def test_the_only_re_entry_is_a_recovery_that_meets_another_failure() -> None:
 def test_a_move_not_in_the_table_is_refused_logged_and_leaves_the_record(
     old: JobState, new: JobState, by: ServiceRole
 ) -> None:
-    job = job_in(old)
-    before = job.model_copy(deep=True)
-    with capture_logs() as logs:
-        assert not job.set_state(new, "why", by=by)
-    assert job == before
-    [refused] = refusals(logs)
+    refused = refused_move(old, new, by)
     assert refused["log_level"] == "error"
     assert (refused["job_id"], refused["old"], refused["new"], refused["by"]) == (
         "job-7",
@@ -98,12 +106,7 @@ def test_a_move_not_in_the_table_is_refused_logged_and_leaves_the_record(
 def test_a_move_by_a_service_that_does_not_own_it_is_refused(
     old: JobState, new: JobState, by: ServiceRole
 ) -> None:
-    job = job_in(old)
-    before = job.model_copy(deep=True)
-    with capture_logs() as logs:
-        assert not job.set_state(new, "why", by=by)
-    assert job == before
-    [refused] = refusals(logs)
+    refused = refused_move(old, new, by)
     assert refused["by"] == by.value and "not " + by.value in str(refused["why"])
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.planner.live import StartPlanner
+from tests.planner.live import Live, StartPlanner
 from unicron.shared.bus import Bus, parse_event
 from unicron.shared.events import CloudEvent, PlanCreated
 from unicron.shared.models import NodeRecord, now
@@ -93,3 +93,14 @@ async def plans(bus: Bus) -> asyncio.Queue[PlanCreated]:
 
     await bus.consume("unicron.events.plan.created", "test-plans", parse_event, put)
     return queue
+
+
+@pytest.fixture
+def live(
+    start_planner: StartPlanner,
+    nodes: tuple[str, ...],
+    state: StateStore,
+    bus: Bus,
+    plans: asyncio.Queue[PlanCreated],
+) -> Live:
+    return Live(start_planner, nodes, state, bus, plans)

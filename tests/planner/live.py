@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from unicron.shared.bus import Bus
@@ -19,24 +20,34 @@ WAIT_S = 15.0
 StartPlanner = Callable[..., subprocess.Popen[bytes]]
 
 
-async def submit(state: StateStore, bus: Bus | None, job_id: str, **spec: float) -> Job:
-    """Store a PENDING job and, with a bus, announce it as the API does."""
-    job = Job(
-        id=job_id,
-        name=job_id,
-        spec=JobSpec.model_validate({"name": job_id, "global_batch": 64, **spec}),
-    )
-    await state.create_job(job)
-    if bus is not None:
-        await bus.publish_event(JobSubmitted(job_id=job.id, name=job.name, spec=job.spec))
-    return job
+@dataclass(frozen=True)
+class Live:
+    """One test's planner bench: planner processes to start, two READY nodes kept fresh, the
+    store and the bus, and the plans the planners publish, in order."""
 
+    start_planner: StartPlanner
+    nodes: tuple[str, ...]
+    state: StateStore
+    bus: Bus
+    plans: asyncio.Queue[PlanCreated]
 
-async def next_plan(plans: asyncio.Queue[PlanCreated], state: StateStore) -> Plan:
-    event = await asyncio.wait_for(plans.get(), WAIT_S)
-    plan = await state.get_plan(event.plan_id)
-    assert plan is not None and plan.seq == event.seq
-    return plan
+    async def submit(self, job_id: str, announce: bool = True, **spec: float) -> Job:
+        """Store a PENDING job and, unless ``announce`` is off, announce it as the API does."""
+        job = Job(
+            id=job_id,
+            name=job_id,
+            spec=JobSpec.model_validate({"name": job_id, "global_batch": 64, **spec}),
+        )
+        await self.state.create_job(job)
+        if announce:
+            await self.bus.publish_event(JobSubmitted(job_id=job.id, name=job.name, spec=job.spec))
+        return job
+
+    async def next_plan(self) -> Plan:
+        event = await asyncio.wait_for(self.plans.get(), WAIT_S)
+        plan = await self.state.get_plan(event.plan_id)
+        assert plan is not None and plan.seq == event.seq
+        return plan
 
 
 def summary(plan: Plan) -> dict[str, tuple[PlanAction, int]]:

@@ -3,19 +3,16 @@ start-up, a running planner plans under its policy, and the plan benchmark's quo
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 
 from bench.plan import cluster, quarter, running, tenants
 from tests.planner.conftest import REPO
-from tests.planner.live import StartPlanner, next_plan
+from tests.planner.live import Live
 from unicron.planning.planning import plan_cluster
 from unicron.services.planner.settings import PlannerSettings
-from unicron.shared.events import PlanCreated
 from unicron.shared.models import Job, JobSpec
 from unicron.shared.plans import Fairness
-from unicron.shared.state import StateStore
 
 
 def test_the_service_refuses_to_start_on_bad_quotas() -> None:
@@ -29,18 +26,13 @@ def test_the_service_refuses_to_start_on_bad_quotas() -> None:
     assert "Traceback" not in done.stderr
 
 
-async def test_the_service_plans_under_the_quotas_and_its_fairness_policy(
-    start_planner: StartPlanner,
-    nodes: tuple[str, ...],
-    state: StateStore,
-    plans: asyncio.Queue[PlanCreated],
-) -> None:
+async def test_the_service_plans_under_the_quotas_and_its_fairness_policy(live: Live) -> None:
     """Four slots; team-a may hold two. Every job gets its minimum, team-b the slot left."""
     for job_id, team in (("job-1", "team-a"), ("job-2", "team-a"), ("job-3", "team-b")):
         spec = JobSpec(name=job_id, min_workers=1, max_workers=2, global_batch=64)
-        await state.create_job(Job(id=job_id, name=job_id, spec=spec, tenant=team))
-    start_planner(tenant_quotas='{"team-a": 2}', planner_fairness="guaranteed_min")
-    plan = await next_plan(plans, state)
+        await live.state.create_job(Job(id=job_id, name=job_id, spec=spec, tenant=team))
+    live.start_planner(tenant_quotas='{"team-a": 2}', planner_fairness="guaranteed_min")
+    plan = await live.next_plan()
     assert plan.fairness == Fairness.GUARANTEED_MIN
     workers = {a.job_id: a.workers for a in plan.allocations}
     assert workers == {"job-1": 1, "job-2": 1, "job-3": 2}

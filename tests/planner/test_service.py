@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.planner.live import StartPlanner, next_plan, submit, summary
-from unicron.shared.bus import Bus
-from unicron.shared.events import FailureDetected, NodeStateChanged, PlanCreated
+from tests.planner.live import Live, summary
+from unicron.shared.events import FailureDetected, NodeStateChanged
 from unicron.shared.models import (
     FailureRecord,
     Job,
@@ -20,51 +19,38 @@ from unicron.shared.models import (
     WorkerState,
     now,
 )
-from unicron.shared.state import StateStore
 from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 
-async def test_submitted_job_starts_on_two_workers(
-    start_planner: StartPlanner,
-    nodes: tuple[str, ...],
-    state: StateStore,
-    bus: Bus,
-    plans: asyncio.Queue[PlanCreated],
-) -> None:
-    start_planner()
-    await submit(state, bus, "job-1", min_workers=1, max_workers=2)
-    plan = await next_plan(plans, state)
+async def test_submitted_job_starts_on_two_workers(live: Live) -> None:
+    live.start_planner()
+    await live.submit("job-1", min_workers=1, max_workers=2)
+    plan = await live.next_plan()
     allocation = plan.for_job("job-1")
     assert allocation is not None
     assert (allocation.action, allocation.workers) == (PlanAction.START, 2)
     assert allocation.nodes == ["node-a", "node-a"]
     assert plan.free_slots == 2
-    latest = await state.latest_plan()
+    latest = await live.state.latest_plan()
     assert latest is not None and latest.id == plan.id
 
 
-async def test_a_burst_of_submissions_yields_one_plan(
-    start_planner: StartPlanner,
-    nodes: tuple[str, ...],
-    state: StateStore,
-    bus: Bus,
-    plans: asyncio.Queue[PlanCreated],
-) -> None:
+async def test_a_burst_of_submissions_yields_one_plan(live: Live) -> None:
     # A job already stored, with no event: the startup pass plans it, and after that plan
     # nothing is pending in the planner (the reconcile tick is pushed out of the way). Two
     # workers earn less than twice one (the all-reduce), so job-0 keeps its slots over two
     # one-worker jobs only by weight.
-    await submit(state, None, "job-0", min_workers=2, max_workers=2, weight=2.0)
+    await live.submit("job-0", announce=False, min_workers=2, max_workers=2, weight=2.0)
     # A debounce wider than the default 0.1 s: five submissions must fit in it on a loaded
     # machine too, and the test checks the coalescing, not the default window.
-    start_planner(planner_reconcile_s="60", planner_debounce_s="0.5")
-    assert summary(await next_plan(plans, state)) == {"job-0": (PlanAction.START, 2)}
+    live.start_planner(planner_reconcile_s="60", planner_debounce_s="0.5")
+    assert summary(await live.next_plan()) == {"job-0": (PlanAction.START, 2)}
 
     started = time.monotonic()
     for i in range(1, 6):  # each event follows a change in Redis, as from the API
-        await submit(state, bus, f"job-{i}", min_workers=1, max_workers=1)
+        await live.submit(f"job-{i}", min_workers=1, max_workers=1)
     assert time.monotonic() - started < 0.5
-    burst = await next_plan(plans, state)
+    burst = await live.next_plan()
     assert {j: a for j, (a, _) in summary(burst).items()} == {
         "job-0": PlanAction.START,
         "job-1": PlanAction.START,
@@ -76,19 +62,13 @@ async def test_a_burst_of_submissions_yields_one_plan(
     assert "(+" in burst.trigger  # one plan for the whole burst names it so
 
     # The next plan is the one for a later submission: the burst made no second plan.
-    await submit(state, bus, "job-6")
-    marker = await next_plan(plans, state)
+    await live.submit("job-6")
+    marker = await live.next_plan()
     assert marker.seq == burst.seq + 1
     assert "job-6" in summary(marker)
 
 
-async def test_a_faulted_job_is_restarted(
-    start_planner: StartPlanner,
-    nodes: tuple[str, ...],
-    state: StateStore,
-    bus: Bus,
-    plans: asyncio.Queue[PlanCreated],
-) -> None:
+async def test_a_faulted_job_is_restarted(live: Live) -> None:
     failure = FailureDetected(
         failure_id="fail-1", job_id="job-1", node_id="node-b", rank=1, generation=3,
         kind=FailureKind.EXCEPTION, category=FailureCategory.CUDA_ERROR,
@@ -113,10 +93,10 @@ async def test_a_faulted_job_is_restarted(
         ],
         last_failure=last_failure,
     )
-    await state.create_job(job)
-    start_planner()
-    await bus.publish_event(failure)
-    allocation = (await next_plan(plans, state)).for_job("job-1")
+    await live.state.create_job(job)
+    live.start_planner()
+    await live.bus.publish_event(failure)
+    allocation = (await live.next_plan()).for_job("job-1")
     assert allocation is not None
     assert (allocation.action, allocation.workers) == (PlanAction.RESTART, 2)
     assert allocation.nodes == ["node-b", "node-b"]  # restarted in place
@@ -124,50 +104,38 @@ async def test_a_faulted_job_is_restarted(
     assert "fail-1" in allocation.reason
 
 
-async def test_a_restarted_planner_converges(
-    start_planner: StartPlanner,
-    nodes: tuple[str, ...],
-    state: StateStore,
-    bus: Bus,
-    plans: asyncio.Queue[PlanCreated],
-) -> None:
-    first = start_planner(planner_lease_ttl_s="1")  # the successor waits out its lease
-    await submit(state, bus, "job-1", min_workers=2, max_workers=2)
-    assert summary(await next_plan(plans, state)) == {"job-1": (PlanAction.START, 2)}
+async def test_a_restarted_planner_converges(live: Live) -> None:
+    first = live.start_planner(planner_lease_ttl_s="1")  # the successor waits out its lease
+    await live.submit("job-1", min_workers=2, max_workers=2)
+    assert summary(await live.next_plan()) == {"job-1": (PlanAction.START, 2)}
 
     first.kill()  # SIGKILL: no clean shutdown, the durable consumer stays behind
     await asyncio.to_thread(first.wait)
-    await submit(state, bus, "job-2", min_workers=2, max_workers=2)
-    start_planner(planner_lease_ttl_s="1")
-    plan = await next_plan(plans, state)
+    await live.submit("job-2", min_workers=2, max_workers=2)
+    live.start_planner(planner_lease_ttl_s="1")
+    plan = await live.next_plan()
     assert summary(plan) == {"job-1": (PlanAction.START, 2), "job-2": (PlanAction.START, 2)}
     assert sorted(plan.for_job("job-2").nodes) == ["node-b", "node-b"]  # type: ignore[union-attr]
 
 
-async def test_a_node_back_from_quarantine_is_planned_at_once(
-    start_planner: StartPlanner,
-    nodes: tuple[str, ...],
-    state: StateStore,
-    bus: Bus,
-    plans: asyncio.Queue[PlanCreated],
-) -> None:
+async def test_a_node_back_from_quarantine_is_planned_at_once(live: Live) -> None:
     def quarantine(node: NodeRecord) -> None:
         node.state = NodeState.QUARANTINED
 
-    await state.update_node("node-b", quarantine)
-    start_planner(planner_reconcile_s="60")  # only the event can wake it in time
-    await submit(state, bus, "job-1", min_workers=1, max_workers=4)
-    first = await next_plan(plans, state)
+    await live.state.update_node("node-b", quarantine)
+    live.start_planner(planner_reconcile_s="60")  # only the event can wake it in time
+    await live.submit("job-1", min_workers=1, max_workers=4)
+    first = await live.next_plan()
     assert first.for_job("job-1").nodes == ["node-a", "node-a"]  # type: ignore[union-attr]
 
     def release(node: NodeRecord) -> None:
         node.state = NodeState.READY
 
-    await state.update_node("node-b", release)
+    await live.state.update_node("node-b", release)
     ended = NodeStateChanged(
         node_id="node-b", old=NodeState.QUARANTINED, new=NodeState.READY, reason="cooldown over"
     )
-    await bus.publish_event(ended)
-    plan = await next_plan(plans, state)
+    await live.bus.publish_event(ended)
+    plan = await live.next_plan()
     assert "node.state_changed node-b" in plan.trigger
     assert sorted(plan.for_job("job-1").nodes) == ["node-a"] * 2 + ["node-b"] * 2  # type: ignore[union-attr]
