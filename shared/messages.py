@@ -150,14 +150,11 @@ class FaultSpec(Message):
         return data
 
 
-class InjectFault(Message):
+class InjectFault(JobRank, Message):
     """Deliver ``fault`` to one worker through its agent's local channel."""
 
     kind: Literal["inject_fault"] = "inject_fault"
     command_id: str = Field(default_factory=lambda: new_id("cmd"))
-    job_id: str
-    generation: int
-    rank: int
     fault: FaultSpec
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, model_validator
 
-from unicron.shared.identity import WorkerIdentity
+from unicron.shared.identity import JobRank, WorkerIdentity
 from unicron.shared.messages import Message
 from unicron.shared.models import now
 from unicron.shared.taxonomy import FailureCategory
@@ -54,14 +54,11 @@ class StepCompleted(_WorkerMessage):
     resumed_from: int | None = None
 
 
-class WorkerHello(Message):
+class WorkerHello(JobRank, Message):
     """Local channel only: a worker's first line, so its agent can direct it before its first
     report. Not a report: never forwarded to the bus."""
 
     kind: Literal["hello"] = "hello"
-    job_id: str
-    generation: int
-    rank: int
 
 
 class WorkerPhase(_WorkerMessage):

@@ -32,6 +32,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from unicron.shared.identity import who
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import GroupSeat, RegroupDirective
 from unicron.shared.reports import WorkerHello, WorkerRegrouped
@@ -252,15 +253,10 @@ class ElasticRank:
         launch = self.launch
         # A fresh hello first: the agent learns this connection's new generation and rank
         # before any report of them, as it did for the first generation.
-        self._channel.send(
-            WorkerHello(job_id=launch.job_id, generation=launch.generation, rank=launch.rank)
-        )
+        self._channel.send(WorkerHello(**launch.key._asdict()))
         self._channel.send(
             WorkerRegrouped(
-                node_id=launch.node_id,
-                job_id=launch.job_id,
-                generation=launch.generation,
-                rank=launch.rank,
+                **who(launch.node_id, launch.key),
                 pid=os.getpid(),
                 world_size=launch.world_size,
                 regroup_s=regroup_s,

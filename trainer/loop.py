@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from unicron.shared.identity import who
 from unicron.shared.reports import StepCompleted, WorkerPhase
 from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer import checkpoint
@@ -135,10 +136,7 @@ class StepMonitor:
         launch = self._launch
         self._channel.send(
             WorkerPhase(
-                node_id=launch.node_id,
-                job_id=launch.job_id,
-                generation=launch.generation,
-                rank=launch.rank,
+                **who(launch.node_id, launch.key),
                 phase=phase,
                 step=step,
             )
@@ -148,10 +146,7 @@ class StepMonitor:
         launch = self._launch
         self._channel.send(
             StepCompleted(
-                node_id=launch.node_id,
-                job_id=launch.job_id,
-                generation=launch.generation,
-                rank=launch.rank,
+                **who(launch.node_id, launch.key),
                 step=step,
                 loss=loss,
                 iteration_s=iteration_s,

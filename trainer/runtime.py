@@ -8,11 +8,8 @@ each exception that ends the rank *once*, classified, before the process dies, s
 plane knows why a rank failed within seconds (docs/design.md §3); :mod:`unicron.train` is the
 public face that calls it.
 
-Outside Unicron (no launch) the runtime is *local*: one process, no agent, no process group —
-the same code path, for debugging a script. The spec is the one given to ``init``, else the job
-file named by ``UNICRON_JOB_SPEC`` (the YAML or JSON you submit), else ``JobSpec`` defaults;
-checkpoints go to ``UNICRON_CHECKPOINT_DIR`` (a rerun resumes there), else a fresh temporary
-directory.
+Outside Unicron (no launch) the runtime is *local* (:mod:`trainer.local`): one process, no
+agent, no process group — the same code path, for debugging a script.
 """
 
 from __future__ import annotations
@@ -20,23 +17,20 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import yaml
-from pydantic import ValidationError
 
 # torch re-exports the stores from its C extension without listing them for type checkers.
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
+from unicron.shared.identity import who
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import RegroupDirective, Rendezvous
+from unicron.shared.messages import RegroupDirective
 from unicron.shared.models import JobSpec
 from unicron.shared.reports import WorkerException, WorkerHello
 from unicron.shared.workerchannel import (
@@ -44,13 +38,13 @@ from unicron.shared.workerchannel import (
     FaultDirective,
     WorkerEnv,
     WorkerLaunch,
-    env_name,
 )
-from unicron.trainer.channel import AgentChannel, Report
+from unicron.trainer.channel import AgentChannel
 from unicron.trainer.classify import classify, describe_chain
 from unicron.trainer.elastic import ElasticRank, ParkExpired
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.handoff import Replica
+from unicron.trainer.local import Offline, local_launch, local_spec
 from unicron.trainer.loop import Channel
 from unicron.trainer.parallel import Scheduler
 from unicron.trainer.regroup import RegroupInbox
@@ -71,19 +65,6 @@ class RuntimeOptions:
     flush_timeout_s: float = 2.0
     # How long a worker whose peer died keeps its memory waiting for a regroup directive.
     park_timeout_s: float = field(default_factory=lambda: WorkerEnv.read().park_timeout_s)
-
-
-class Offline:
-    """The channel of a local run: reports go nowhere."""
-
-    def send(self, report: Report) -> None:
-        pass
-
-    def flush(self, timeout_s: float) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
 
 
 class Runtime:
@@ -113,7 +94,7 @@ class Runtime:
                 launch.agent_socket, on_directive=directive_router(self.faults, self.regroups)
             )
             # Now, not at the first step, so the agent can reach this rank from the start.
-            seat = WorkerHello(job_id=launch.job_id, generation=launch.generation, rank=launch.rank)
+            seat = WorkerHello(**launch.key._asdict())
             self.channel.send(seat)
         # A joiner forms its group in the hand-off, once it holds a replica to hand off.
         self._group = None if launch.state_source_rank is not None else self.join(launch)
@@ -169,10 +150,7 @@ class Runtime:
         log.error("step failed", rank=launch.rank, step=step, category=category.value)
         self.channel.send(
             WorkerException(
-                node_id=launch.node_id,
-                job_id=launch.job_id,
-                generation=launch.generation,
-                rank=launch.rank,
+                **who(launch.node_id, launch.key),
                 pid=os.getpid(),
                 exc_type=type(exc).__name__,
                 message=text[:MESSAGE_LIMIT],
@@ -229,37 +207,6 @@ def _chain(exc: BaseException) -> list[BaseException]:
         chain.append(current)
         current = current.__cause__ or current.__context__
     return chain
-
-
-def local_spec() -> JobSpec:
-    """The spec of a local run: the job file in ``UNICRON_JOB_SPEC``, else the defaults."""
-    path = WorkerEnv.read().job_spec
-    if not path:
-        return JobSpec(name="local")
-    try:
-        return JobSpec.model_validate(yaml.safe_load(Path(path).read_text()))
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
-        raise ValueError(
-            f"{env_name('job_spec')}={path} is not a readable job spec: {exc}"
-        ) from None
-
-
-def local_launch(spec: JobSpec) -> WorkerLaunch:
-    """The launch of a script run outside Unicron: rank 0 of 1, checkpoints in
-    ``UNICRON_CHECKPOINT_DIR`` or a fresh temporary directory."""
-    directory = WorkerEnv.read().checkpoint_dir or tempfile.mkdtemp(prefix="unicron-local-")
-    log.info("running locally, outside Unicron", checkpoint_dir=directory, steps=spec.steps)
-    return WorkerLaunch(
-        node_id="local",
-        job_id="local",
-        generation=1,
-        rank=0,
-        world_size=1,
-        rendezvous=Rendezvous(host="127.0.0.1", port=0, prefix="local/"),
-        spec=spec,
-        checkpoint_dir=directory,
-        agent_socket="",
-    )
 
 
 def _device() -> torch.device:

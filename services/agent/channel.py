@@ -161,7 +161,7 @@ class WorkerChannel:
             if hello is None:
                 self._reject(line, f"invalid report: {exc}")
             else:
-                self._bind(conn, WorkerKey(hello.job_id, hello.generation, hello.rank))
+                self._bind(conn, hello.key)
             return
         problem = self._impostor(report, conn)
         if problem is not None:

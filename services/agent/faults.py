@@ -34,7 +34,7 @@ class FaultInjector:
             # at-least-once delivery must not turn one drill into two faults
             log.info("duplicate fault ignored", command_id=cmd.command_id)
             return
-        key = WorkerKey(cmd.job_id, cmd.generation, cmd.rank)
+        key = cmd.key
         flog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
         worker = self.supervisor.find(self.channel.launched_as(key) or key)
         if worker is None:

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from unicron.services.agent.outbox import Report, Sink
 from unicron.services.agent.procstat import process_state, runqueue_wait_s
 from unicron.services.agent.settings import AgentSettings
-from unicron.services.agent.supervisor import Worker, WorkerKey
+from unicron.services.agent.supervisor import Worker
+from unicron.shared.identity import WorkerKey, who
 from unicron.shared.logging import get_logger
 from unicron.shared.reports import StepCompleted, WorkerException, WorkerHung, WorkerPhase
 
@@ -99,7 +100,7 @@ class HangWatch:
         """Note a step or a phase of a worker this agent launched (others are not tracked)."""
         if not isinstance(report, StepCompleted | WorkerPhase | WorkerException):
             return
-        worker = self._worker(launched or WorkerKey(report.job_id, report.generation, report.rank))
+        worker = self._worker(launched or report.key)
         if worker is None:
             return
         track = self._track(worker)
@@ -108,7 +109,7 @@ class HangWatch:
             return
         track.heard = True
         at = self.clock()
-        ident = WorkerKey(report.job_id, report.generation, report.rank)
+        ident = report.key
         if ident != track.ident:  # re-formed in place: that is progress, with a fresh clock
             track.ident, track.reported = ident, False
             track.fresh_steps, track.parked = 0, False
@@ -218,10 +219,7 @@ class HangWatch:
     def _report(self, worker: Worker, track: Track, silent: float, limit: float) -> WorkerHung:
         mean = statistics.median(track.iterations) if track.iterations else None
         report = WorkerHung(
-            node_id=self.node_id,
-            job_id=track.ident.job_id,
-            generation=track.ident.generation,
-            rank=track.ident.rank,
+            **who(self.node_id, track.ident),
             pid=worker.proc.pid,
             silent_s=round(silent, 4),
             threshold_s=round(limit, 4),

@@ -24,11 +24,13 @@ from unicron.services.agent.launch import JobContext
 from unicron.services.agent.outbox import Report
 from unicron.services.agent.registry import EntrypointRegistry
 from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.spares import SparePool
 from unicron.services.agent.supervisor import Supervisor
 from unicron.shared.bus import Bus, parse_event
 from unicron.shared.events import CloudEvent, NodeJoined
-from unicron.shared.messages import Rendezvous, StartWorker
+from unicron.shared.messages import DeadLetter, Rendezvous, StartWorker
 from unicron.shared.models import Job, JobSpec, JobState, NodeRecord
+from unicron.shared.reports import WORKER_REPORT
 from unicron.shared.state import StateStore
 from unicron.shared.workerchannel import AnyWorkerDirective, parse_directive
 
@@ -155,6 +157,21 @@ async def supervisor(
     await sup.shutdown()
 
 
+@contextlib.asynccontextmanager
+async def spare_pool(
+    argv: list[str], supervisor: Supervisor, channel: WorkerChannel, data_dir: Path
+) -> AsyncIterator[SparePool]:
+    """One warm spare of ``argv``, wired to the supervisor and channel as the agent wires it."""
+    pool = SparePool(1, argv, channel.path, data_dir, supervisor.slots, channel)
+    supervisor.spares = pool
+    channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
+    pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
 @pytest.fixture
 async def watch(
     supervisor: Supervisor, channel: WorkerChannel, sink: RecordingSink
@@ -209,6 +226,19 @@ async def inbox(bus: Bus, subject: str, parse: Callable[[bytes], object]) -> Inb
     durable = "test-" + subject.replace(".", "-").replace(">", "all").replace("*", "any")
     await bus.consume(subject, durable, parse, box.put)
     return box
+
+
+class Heard(NamedTuple):
+    """What a node's agent said on the bus: its workers' reports and its dead letters."""
+
+    reports: Inbox
+    letters: Inbox
+
+
+@pytest.fixture
+async def heard(bus: Bus) -> Heard:
+    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
+    return Heard(reports, await inbox(bus, "unicron.deadletter", DeadLetter.model_validate_json))
 
 
 def agent_env(nats_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:

@@ -11,13 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import NODE, directives, inbox, node_record, send_start, start_cmd, until
+from tests.agent.conftest import (
+    NODE,
+    Heard,
+    directives,
+    node_record,
+    send_start,
+    start_cmd,
+    until,
+)
 from unicron.shared.bus import Bus
 from unicron.shared.events import NodeJoined
 from unicron.shared.messages import DeadLetter, FaultKind, FaultSpec, InjectFault, command_subject
 from unicron.shared.models import NodeRecord, NodeState, now
 from unicron.shared.reports import (
-    WORKER_REPORT,
     StepCompleted,
     WorkerExited,
     WorkerHung,
@@ -47,10 +54,10 @@ async def test_agent_reports_hangs_and_runs_drills(
     state: StateStore,
     agent: subprocess.Popen[bytes],
     joined: NodeJoined,
+    heard: Heard,
     tmp_path: Path,
 ) -> None:
-    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
-    letters = await inbox(bus, "unicron.deadletter", DeadLetter.model_validate_json)
+    reports, letters = heard
 
     # the restart took the record over but did not lift the quarantine
     node = await node_record(state, lambda n: n.boot_id == joined.boot_id)

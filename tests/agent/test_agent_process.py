@@ -18,6 +18,7 @@ import pytest
 
 from tests.agent.conftest import (
     NODE,
+    Heard,
     inbox,
     node_record,
     record_job,
@@ -63,10 +64,10 @@ async def test_agent_serves_its_node(
     state: StateStore,
     agent: subprocess.Popen[bytes],
     joined: NodeJoined,
+    heard: Heard,
     tmp_path: Path,
 ) -> None:
-    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
-    letters = await inbox(bus, "unicron.deadletter", DeadLetter.model_validate_json)
+    reports, letters = heard
 
     # registered from scratch (nothing kept from the earlier boot), with its store, heartbeating
     node = await node_record(state, lambda n: n.boot_id == joined.boot_id)

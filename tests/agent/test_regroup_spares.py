@@ -20,6 +20,7 @@ from tests.agent.conftest import (
     RecordingSink,
     directives,
     inbox,
+    spare_pool,
     start_cmd,
     until,
 )
@@ -116,12 +117,8 @@ async def spares(
     supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path
 ) -> AsyncIterator[SparePool]:
     argv = EntrypointRegistry({"gpt": FAKE_WORKER}).argv("gpt")
-    pool = SparePool(1, argv, channel.path, tmp_path, supervisor.slots, channel)
-    supervisor.spares = pool
-    channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
-    pool.start()
-    yield pool
-    await pool.close()
+    async with spare_pool(argv, supervisor, channel, tmp_path) as pool:
+        yield pool
 
 
 async def test_a_start_is_served_by_a_warm_spare_which_is_replaced(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import RecordingSink, start_cmd, until
+from tests.agent.conftest import RecordingSink, spare_pool, start_cmd, until
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.launch import JobContext, spare_can_run
 from unicron.services.agent.spares import SparePool
@@ -38,12 +38,8 @@ SCRIPT = textwrap.dedent(
 async def real_spares(
     supervisor: Supervisor, channel: WorkerChannel, tmp_path: Path
 ) -> AsyncIterator[SparePool]:
-    pool = SparePool(1, REAL_SPARE, channel.path, tmp_path, supervisor.slots, channel)
-    supervisor.spares = pool
-    channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
-    pool.start()
-    yield pool
-    await pool.close()
+    async with spare_pool(REAL_SPARE, supervisor, channel, tmp_path) as pool:
+        yield pool
 
 
 def script_start(workdir: Path, *args: str) -> tuple[StartWorker, JobContext]:

@@ -112,19 +112,24 @@ class AgentStandIn:
 
     def send(self, line: bytes | dict[str, Any], rank: int = 0, timeout_s: float = 30.0) -> None:
         """Write one line to the worker of ``rank``, waiting for its hello if need be."""
-        with self._hello:
-            if not self._hello.wait_for(lambda: rank in self._by_rank, timeout_s):
-                raise AssertionError(f"no hello from rank {rank}")
-            conn = self._by_rank[rank]
-        data = line if isinstance(line, bytes) else json.dumps(line).encode()
-        conn.sendall(data.rstrip(b"\n") + b"\n")
+        self._send(line, self._by_rank, rank, f"rank {rank}", timeout_s)
 
     def send_to_pid(self, line: bytes | dict[str, Any], pid: int, timeout_s: float = 30.0) -> None:
         """Write one line to the process ``pid``, waiting for its hello if need be."""
+        self._send(line, self._by_pid, pid, f"pid {pid}", timeout_s)
+
+    def _send(
+        self,
+        line: bytes | dict[str, Any],
+        conns: dict[int, socket.socket],
+        key: int,
+        who: str,
+        timeout_s: float,
+    ) -> None:
         with self._hello:
-            if not self._hello.wait_for(lambda: pid in self._by_pid, timeout_s):
-                raise AssertionError(f"no hello from pid {pid}")
-            conn = self._by_pid[pid]
+            if not self._hello.wait_for(lambda: key in conns, timeout_s):
+                raise AssertionError(f"no hello from {who}")
+            conn = conns[key]
         data = line if isinstance(line, bytes) else json.dumps(line).encode()
         conn.sendall(data.rstrip(b"\n") + b"\n")
 
