@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -22,30 +22,24 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
-from unicron.shared.delivery import (
-    PARSE_ERRORS,
-    Claim,
-    Delivery,
-    consumer_config,
-)
-from unicron.shared.events import CloudEvent, EventData
+from unicron.shared.delivery import PARSE_ERRORS, Delivery, consumer_config
+from unicron.shared.events import CloudEvent
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
 from unicron.shared.natslogin import NatsAccess, open_client
 from unicron.shared.outage import Outage
-from unicron.shared.packages import get_package
-from unicron.shared.reports import AnyWorkerReport, report_id, report_subject
+from unicron.shared.packages import get_package, has_package, put_package
+from unicron.shared.ports import EventBus
+from unicron.shared.streams import (
+    ALL_EVENTS,
+    EVENTS_STREAM,
+    REPORTS_MAX_AGE_S,
+    REPORTS_STREAM,
+    STREAMS,
+)
 
-T = TypeVar("T")
+__all__ = ["STREAMS", "Bus", "parse_event"]
 log = get_logger(component="bus")
-
-STREAMS: dict[str, list[str]] = {
-    "UNICRON_EVENTS": ["unicron.events.>"],
-    "UNICRON_COMMANDS": ["unicron.commands.>"],
-    "UNICRON_REPORTS": ["unicron.reports.>"],
-    "UNICRON_DEADLETTER": [DEADLETTER_SUBJECT],
-}
-REPORTS_MAX_AGE_S = 24 * 3600.0
+READ_TIMEOUT_S = 5.0  # the longest wait for the next stored message of a stream read whole
 
 
 def parse_event(raw: bytes) -> CloudEvent:
@@ -55,16 +49,13 @@ def parse_event(raw: bytes) -> CloudEvent:
     return event
 
 
-class Bus:
+class Bus(EventBus):
     def __init__(self, nc: NatsClient, js: JetStreamContext, source: str) -> None:
+        super().__init__(source)
         self.nc = nc
         self.js = js
-        self.source = source
         self._subs: list[Any] = []
         self._deliveries: list[Delivery[Any]] = []
-        self.refused = 0  # messages a claim check refused, since start
-        # One tracker for every handler: a Redis outage fails them all at once.
-        self.handler_outage = Outage("bus handlers", component="bus", source=source)
         self.link_outage = Outage("nats connection", component="bus", source=source)
 
     @classmethod
@@ -100,7 +91,7 @@ class Bus:
 
     async def ensure_streams(self) -> None:
         for name, subjects in STREAMS.items():
-            max_age = REPORTS_MAX_AGE_S if name == "UNICRON_REPORTS" else None
+            max_age = REPORTS_MAX_AGE_S if name == REPORTS_STREAM else None
             config = StreamConfig(name=name, subjects=subjects, max_age=max_age)
             try:
                 await self.js.add_stream(config)
@@ -150,31 +141,6 @@ class Bus:
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
         await self.js.publish(subject, payload, headers=headers, timeout=5.0)
 
-    async def publish_event(self, data: EventData, event_id: str | None = None) -> CloudEvent:
-        event = CloudEvent.wrap(data, self.source, event_id)
-        await self._publish(event.nats_subject, event.model_dump_json().encode(), event.id)
-        log.debug("event published", type=event.type, id=event.id)
-        return event
-
-    async def send_command(self, node_id: str, command: AnyAgentCommand) -> None:
-        payload = command.model_dump_json().encode()
-        await self._publish(command_subject(node_id), payload, command.command_id)
-
-    async def publish_report(self, report: AnyWorkerReport) -> None:
-        payload = report.model_dump_json().encode()
-        await self._publish(report_subject(report), payload, report_id(report))
-
-    async def dead_letter(self, subject: str, payload: bytes, reason: str, deliveries: int) -> None:
-        letter = DeadLetter(
-            subject=subject,
-            reason=reason,
-            payload=payload.decode("utf-8", "replace"),
-            service=self.source,
-            deliveries=deliveries,
-        )
-        log.warning("message dead-lettered", subject=subject, reason=reason)
-        await self._publish(DEADLETTER_SUBJECT, letter.model_dump_json().encode())
-
     # --- request/reply and objects -------------------------------------------------------
 
     async def serve(self, subject: str, answer: Callable[[bytes], Awaitable[bytes]]) -> None:
@@ -188,30 +154,57 @@ class Bus:
 
         await self.nc.subscribe(subject, cb=respond)
 
+    async def request(self, subject: str, payload: bytes, timeout_s: float) -> bytes:
+        return (await self.nc.request(subject, payload, timeout=timeout_s)).data
+
     async def package(self, sha256: str) -> bytes:
         """A job package's bytes from the packages' object store (:mod:`shared.packages`)."""
         return await get_package(self.js, sha256)
 
+    async def has_package(self, sha256: str) -> bool:
+        return await has_package(self.js, sha256)
+
+    async def put_package(self, data: bytes) -> tuple[str, bool]:
+        return await put_package(self.js, data)
+
+    # --- stored messages -----------------------------------------------------------------
+
+    async def last_event_seq(self) -> int:
+        info = await self.js.stream_info(EVENTS_STREAM)
+        return int(info.state.last_seq)
+
+    async def read_stream(
+        self, stream: str, subjects: list[str]
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        infos = [await self.js.stream_info(stream, subjects_filter=s) for s in subjects]
+        if sum(sum((i.state.subjects or {}).values()) for i in infos) == 0:
+            return
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, filter_subjects=subjects)
+        sub = await self.js.subscribe(
+            subjects[0], stream=stream, ordered_consumer=True, config=config
+        )
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=READ_TIMEOUT_S)
+                yield msg.subject, msg.data
+                if msg.metadata is None or msg.metadata.num_pending == 0:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def last_message(self, stream: str, subject: str) -> bytes | None:
+        try:
+            msg = await self.js.get_last_msg(stream, subject)
+        except NotFoundError:
+            return None
+        return msg.data or b""
+
     # --- consuming -----------------------------------------------------------------------
 
-    async def consume(
-        self,
-        subject: str,
-        durable: str,
-        parse: Callable[[bytes], T],
-        handler: Callable[[T], Awaitable[None]],
-        deliver_new: bool = False,
-        claim: Claim[T] | None = None,
+    async def _bind(
+        self, subject: str, durable: str, deliver_new: bool, delivery: Delivery[Any]
     ) -> None:
-        """Feed every message on ``subject`` to ``handler`` in order, acking after success
-        (:mod:`shared.delivery`).
-
-        ``claim(subject, item)`` runs first and raises ``ClaimRefusedError`` for a message the
-        state contradicts: that one is dead-lettered, counted in ``refused``, and not handled.
-        """
-        delivery = Delivery(
-            parse, handler, claim, self.dead_letter, self.handler_outage, self._count_refused
-        )
         # Named: nats-py then creates it by CONSUMER.CREATE.<stream>.<name>.<filter>, whose
         # filter the server checks against the user's grant (docs/design.md §11).
         sub = await self.js.subscribe(
@@ -222,20 +215,16 @@ class Bus:
         self._subs.append(sub)
         self._deliveries.append(delivery)
 
-    def _count_refused(self) -> None:
-        self.refused += 1
-
     async def tail_events(
         self, after_seq: int | None = None
     ) -> AsyncGenerator[tuple[int, CloudEvent], None]:
-        """Yield (stream sequence, event): new events, or all after ``after_seq``."""
         if after_seq is None:
             config = ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
         else:
             config = ConsumerConfig(
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after_seq + 1
             )
-        sub = await self.js.subscribe("unicron.events.>", ordered_consumer=True, config=config)
+        sub = await self.js.subscribe(ALL_EVENTS, ordered_consumer=True, config=config)
         try:
             while True:
                 try:

@@ -28,6 +28,11 @@ from unicron.shared.transitions import StateSource, TransitionMode
 EVENT_SUBJECT_PREFIX = "unicron.events."
 
 
+def event_subject(event_type: str) -> str:
+    """The subject an event of ``event_type`` (an event model's ``TYPE``) is published on."""
+    return EVENT_SUBJECT_PREFIX + event_type
+
+
 class EventData(BaseModel):
     """Base of every event's ``data``; ``TYPE`` is the CloudEvents type."""
 
@@ -257,7 +262,7 @@ class CloudEvent(BaseModel):
 
     @property
     def nats_subject(self) -> str:
-        return EVENT_SUBJECT_PREFIX + self.type
+        return event_subject(self.type)
 
     def typed(self) -> EventData:
         """The ``data`` as its event model; raises ``KeyError`` or ``ValidationError`` if bad."""

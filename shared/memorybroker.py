@@ -21,9 +21,9 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from unicron.shared.bus import STREAMS
 from unicron.shared.delivery import MAX_DELIVER
 from unicron.shared.logging import get_logger
+from unicron.shared.streams import STREAMS
 
 DUPLICATE_WINDOW_S = 120.0  # JetStream's default
 Receive = Callable[[Msg], Awaitable[None]]

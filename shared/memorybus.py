@@ -12,35 +12,30 @@ pings. Not modelled: ack waits (a live consumer keeps its messages anyway), stre
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from nats.errors import NoRespondersError
 
 from unicron.shared.bus import parse_event
-from unicron.shared.delivery import PARSE_ERRORS, Claim, Delivery
-from unicron.shared.events import CloudEvent, EventData
+from unicron.shared.delivery import PARSE_ERRORS, Delivery
+from unicron.shared.events import CloudEvent
 from unicron.shared.logging import get_logger
-from unicron.shared.memorybroker import Durable, MemoryBroker, MemoryCore, Receive
-from unicron.shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
-from unicron.shared.outage import Outage
-from unicron.shared.packages import PackageError
+from unicron.shared.memorybroker import Durable, MemoryBroker, MemoryCore, Receive, matches
+from unicron.shared.packages import PackageError, sha256_hex
 from unicron.shared.ports import EventBus
-from unicron.shared.reports import AnyWorkerReport, report_id, report_subject
+from unicron.shared.streams import EVENTS_STREAM
 
-T = TypeVar("T")
 log = get_logger(component="bus")
 
 __all__ = ["MemoryBroker", "MemoryBus"]
 
 
-class MemoryBus:
+class MemoryBus(EventBus):
     def __init__(self, broker: MemoryBroker, source: str) -> None:
+        super().__init__(source)
         self.broker = broker
-        self.source = source
         self.nc = MemoryCore(broker)
-        self.refused = 0  # messages a claim check refused, since start
-        self.handler_outage = Outage("bus handlers", component="bus", source=source)
         self._bound: list[tuple[Durable, Receive, Delivery[Any]]] = []
         self._open = True
 
@@ -64,30 +59,6 @@ class MemoryBus:
             raise NoRespondersError
         await stream.append(subject, payload, msg_id)
 
-    async def publish_event(self, data: EventData, event_id: str | None = None) -> CloudEvent:
-        event = CloudEvent.wrap(data, self.source, event_id)
-        await self._publish(event.nats_subject, event.model_dump_json().encode(), event.id)
-        return event
-
-    async def send_command(self, node_id: str, command: AnyAgentCommand) -> None:
-        payload = command.model_dump_json().encode()
-        await self._publish(command_subject(node_id), payload, command.command_id)
-
-    async def publish_report(self, report: AnyWorkerReport) -> None:
-        payload = report.model_dump_json().encode()
-        await self._publish(report_subject(report), payload, report_id(report))
-
-    async def dead_letter(self, subject: str, payload: bytes, reason: str, deliveries: int) -> None:
-        letter = DeadLetter(
-            subject=subject,
-            reason=reason,
-            payload=payload.decode("utf-8", "replace"),
-            service=self.source,
-            deliveries=deliveries,
-        )
-        log.warning("message dead-lettered", subject=subject, reason=reason)
-        await self._publish(DEADLETTER_SUBJECT, letter.model_dump_json().encode())
-
     # --- request/reply and objects -------------------------------------------------------
 
     async def serve(self, subject: str, answer: Callable[[bytes], Awaitable[bytes]]) -> None:
@@ -96,39 +67,56 @@ class MemoryBus:
 
         await self.nc.subscribe(subject, cb=respond)
 
+    async def request(self, subject: str, payload: bytes, timeout_s: float) -> bytes:
+        return (await self.nc.request(subject, payload, timeout=timeout_s)).data
+
     async def package(self, sha256: str) -> bytes:
         try:
             return self.broker.packages[sha256]
         except KeyError:
             raise PackageError(f"package {sha256} is not in the store") from None
 
+    async def has_package(self, sha256: str) -> bool:
+        return sha256 in self.broker.packages
+
+    async def put_package(self, data: bytes) -> tuple[str, bool]:
+        sha256 = sha256_hex(data)
+        created = sha256 not in self.broker.packages
+        self.broker.packages[sha256] = data
+        return sha256, created
+
+    # --- stored messages -----------------------------------------------------------------
+
+    async def last_event_seq(self) -> int:
+        return len(self.broker.streams[EVENTS_STREAM].log)
+
+    async def read_stream(
+        self, stream: str, subjects: list[str]
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        stored = list(self.broker.streams[stream].log)  # up to its end now
+        for message in stored:
+            if any(matches(pattern, message.subject) for pattern in subjects):
+                yield message.subject, message.data
+
+    async def last_message(self, stream: str, subject: str) -> bytes | None:
+        log = self.broker.streams[stream].log
+        found = (m.data for m in reversed(log) if matches(subject, m.subject))
+        return next(found, None)
+
     # --- consuming -----------------------------------------------------------------------
 
-    async def consume(
-        self,
-        subject: str,
-        durable: str,
-        parse: Callable[[bytes], T],
-        handler: Callable[[T], Awaitable[None]],
-        deliver_new: bool = False,
-        claim: Claim[T] | None = None,
+    async def _bind(
+        self, subject: str, durable: str, deliver_new: bool, delivery: Delivery[Any]
     ) -> None:
-        delivery = Delivery(
-            parse, handler, claim, self.dead_letter, self.handler_outage, self._count_refused
-        )
         consumer = self.broker.durable(durable, subject, deliver_new)
         delivery.start()
         self._bound.append((consumer, delivery.receive, delivery))
         await consumer.bind(delivery.receive)
 
-    def _count_refused(self) -> None:
-        self.refused += 1
-
     async def tail_events(
         self, after_seq: int | None = None
     ) -> AsyncGenerator[tuple[int, CloudEvent], None]:
-        """Yield (stream sequence, event): new events, or all after ``after_seq``."""
-        stream = self.broker.streams["UNICRON_EVENTS"]
+        stream = self.broker.streams[EVENTS_STREAM]
         seq = len(stream.log) if after_seq is None else after_seq
         while True:
             grown = stream.grown
@@ -139,7 +127,3 @@ class MemoryBus:
                 except PARSE_ERRORS:
                     log.warning("skipping malformed event", seq=seq)
             await grown.wait()
-
-
-if TYPE_CHECKING:  # mypy checks here that the memory bus keeps to the protocol
-    _CONFORMS: type[EventBus] = MemoryBus

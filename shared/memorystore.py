@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from unicron.shared.jobindex import INDEX_STEP, JOB_RETENTION_S, JobPosition, finished_at
+from unicron.shared.lease import lease_keys
 from unicron.shared.models import Job, NodeRecord
 from unicron.shared.plans import Plan
 from unicron.shared.ports import JobStore
 from unicron.shared.records import M, Mutation, parse_each
+from unicron.shared.state import split_indexed
 
 WEEK_S = 7 * 24 * 3600
 
@@ -156,16 +158,10 @@ class MemoryStore:
         return [p for p in self._positions() if p.score >= low][offset : offset + count]
 
     async def read_indexed(self, positions: list[JobPosition]) -> list[tuple[JobPosition, Job]]:
-        kept, gone = [], []
-        for at in positions:
-            raw: str | bytes | None = self.keys.get(self._key("job", at.job_id))
-            parsed = parse_each(Job, "job", [at.job_id], [raw])
-            job = parsed[0] if parsed else None
-            ended = None if job is None else finished_at(job)
-            if raw is None or (ended is not None and ended + self.job_retention_s <= time.time()):
-                gone.append(at.job_id)
-            elif job is not None:
-                kept.append((at, job))
+        raws: list[str | bytes | None] = [
+            self.keys.get(self._key("job", p.job_id)) for p in positions
+        ]
+        kept, gone = split_indexed(positions, raws, self.job_retention_s)
         for job_id in gone:
             self.keys.delete(self._key("job", job_id))
         self._unindex_gone(gone)
@@ -246,6 +242,9 @@ class MemoryStore:
 
     async def raise_plan_seq(self, floor: int) -> int:
         return await self.raise_counter(self._key("plan", "seq"), floor)
+
+    async def current_epoch(self, lease: str) -> int:
+        return int(self.keys.get(lease_keys(lease, self.prefix)[1]) or 0)
 
 
 if TYPE_CHECKING:  # mypy checks here that the memory store keeps to the protocol

@@ -18,19 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from unicron.shared.events import (
-    EVENT_SUBJECT_PREFIX,
-    EventData,
-    FailureDetected,
-    JobStateChanged,
-    JobSubmitted,
-    NodeJoined,
-    NodeLost,
-    NodeStateChanged,
-    PlanCreated,
-    TransitionCompleted,
-    TransitionStarted,
-)
+from unicron.shared import events as ev
 from unicron.shared.logs import logs_subject
 from unicron.shared.messages import (
     COMMAND_SUBJECT_PREFIX,
@@ -41,9 +29,11 @@ from unicron.shared.messages import (
 from unicron.shared.packages import PACKAGES_BUCKET
 from unicron.shared.reports import REPORT_SUBJECT_PREFIX
 from unicron.shared.roles import ServiceRole as ServiceRole
+from unicron.shared.streams import COMMANDS_STREAM as COMMANDS
+from unicron.shared.streams import EVENTS_STREAM as EVENTS
+from unicron.shared.streams import REPORTS_STREAM as REPORTS
 
-# The JetStream streams of shared/bus.py STREAMS, and the one behind the packages' object store.
-EVENTS, COMMANDS, REPORTS = "UNICRON_EVENTS", "UNICRON_COMMANDS", "UNICRON_REPORTS"
+# The stream behind the packages' object store.
 PACKAGES = f"OBJ_{PACKAGES_BUCKET}"
 # A node id is one subject token and part of a user name: no dots, wildcards or spaces.
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
@@ -109,8 +99,8 @@ class Permissions(BaseModel):
     allow_responses: bool = False  # may answer the requests it receives (ping, logs)
 
 
-def _events(*kinds: type[EventData]) -> list[str]:
-    return [EVENT_SUBJECT_PREFIX + kind.TYPE for kind in kinds]
+def _events(*kinds: type[ev.EventData]) -> list[str]:
+    return [ev.event_subject(kind.TYPE) for kind in kinds]
 
 
 def _reads(stream: str) -> list[str]:
@@ -139,28 +129,28 @@ def _own_command_consumer(node_id: str) -> list[str]:
 
 # Read-only JetStream API every user needs to find streams.
 _LOOKUP = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*"]
-_ALL_COMMANDS = COMMAND_SUBJECT_PREFIX + ">"
+_ALL_COMMANDS = COMMAND_SUBJECT_PREFIX + ">"  # every agent's, not the whole stream's
 
 
 def _publishes(user: ServiceUser) -> list[str]:
     role = user.role
     if role == ServiceRole.API:  # the stream manager; its admin fault path sends commands
         return [
-            *_events(JobSubmitted, JobStateChanged), _ALL_COMMANDS, logs_subject("*"),
+            *_events(ev.JobSubmitted, ev.JobStateChanged), _ALL_COMMANDS, logs_subject("*"),
             "$JS.API.>", f"$O.{PACKAGES_BUCKET}.>", f"$JS.FC.{EVENTS}.>", f"$JS.FC.{PACKAGES}.>",
         ]  # fmt: skip
     if role == ServiceRole.DETECTOR:
-        failures = _events(FailureDetected, JobStateChanged, NodeLost, NodeStateChanged)
+        failures = _events(ev.FailureDetected, ev.JobStateChanged, ev.NodeLost, ev.NodeStateChanged)
         return [*failures, ping_subject("*"), *_reads(REPORTS)]
     if role == ServiceRole.PLANNER:
-        return [*_events(PlanCreated), *_reads(EVENTS), *_reads(REPORTS)]
+        return [*_events(ev.PlanCreated), *_reads(EVENTS), *_reads(REPORTS)]
     if role == ServiceRole.EXECUTOR:
-        transitions = _events(JobStateChanged, TransitionStarted, TransitionCompleted)
+        transitions = _events(ev.JobStateChanged, ev.TransitionStarted, ev.TransitionCompleted)
         return [*transitions, _ALL_COMMANDS, *_reads(EVENTS), *_reads(REPORTS)]
     assert user.node_id is not None, "an agent user names its node"
     own_reports = f"{REPORT_SUBJECT_PREFIX}{user.node_id}.>"
     packages = _reads(PACKAGES)  # fetching a job's working dir; writing is the API's
-    return [own_reports, *_events(NodeJoined), *_own_command_consumer(user.node_id), *packages]
+    return [own_reports, *_events(ev.NodeJoined), *_own_command_consumer(user.node_id), *packages]
 
 
 def permissions(user: ServiceUser) -> Permissions:

@@ -1,75 +1,121 @@
-"""What a service needs of the bus and of the state store, as protocols.
+"""What a service needs of the bus and of the state store.
 
-:class:`shared.bus.Bus` (NATS JetStream) and :class:`shared.state.StateStore` (Redis) satisfy
-them, and so do the in-memory :class:`shared.memorybus.MemoryBus` and
+:class:`shared.bus.Bus` (NATS JetStream) and :class:`shared.state.StateStore` (Redis) are
+them, and so are the in-memory :class:`shared.memorybus.MemoryBus` and
 :class:`shared.memorystore.MemoryStore`, which are for unit tests only: a service annotated with
-these protocols runs on either, so one test body can check it on both (docs/design.md §6).
+these types runs on either, so one test body can check it on both (docs/design.md §6).
 
-The protocols hold what services call, never the clients underneath (``js``, ``redis``): a
-service that needs one of those still takes the concrete class. The one exception is ``nc``,
-narrowed to the core-NATS request the detector's ping and the API's log fetch make, until the
-bus offers a request of its own.
+They hold what services call, never the clients underneath (``nc``, ``js``, ``redis``): those
+belong to shared/. :class:`EventBus` is a base class, not a protocol, because both buses
+wrap, de-duplicate, dead-letter and deliver a message the same way; each adds its transport.
+:class:`JobStore` is a protocol: its two stores share no code.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Protocol, TypeVar
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
-from unicron.shared.delivery import Claim
+from unicron.shared.delivery import Claim, Delivery
 from unicron.shared.events import CloudEvent, EventData
 from unicron.shared.jobindex import JobPosition
-from unicron.shared.messages import AnyAgentCommand
+from unicron.shared.logging import get_logger
+from unicron.shared.messages import DEADLETTER_SUBJECT, AnyAgentCommand, DeadLetter, command_subject
 from unicron.shared.models import Job, NodeRecord
+from unicron.shared.outage import Outage
 from unicron.shared.plans import Plan
 from unicron.shared.records import Mutation
-from unicron.shared.reports import AnyWorkerReport
+from unicron.shared.reports import AnyWorkerReport, report_id, report_subject
 
 T = TypeVar("T")
+log = get_logger(component="bus")
 
 
-class Reply(Protocol):
-    @property
-    def data(self) -> bytes: ...
-
-
-class CoreRequests(Protocol):
-    """A core-NATS request: ``nats.errors.NoRespondersError`` when nobody listens on the
-    subject, ``nats.errors.TimeoutError`` when nobody answers in time."""
-
-    # ``timeout`` as nats-py names it: callers pass it by keyword.
-    async def request(
-        self,
-        subject: str,
-        payload: bytes = ...,
-        timeout: float = ...,  # noqa: ASYNC109
-    ) -> Reply: ...
-
-
-class EventBus(Protocol):
+class EventBus(ABC):
     """Publishing with de-duplication and durable, at-least-once consumers (:mod:`shared.bus`)."""
 
-    @property
-    def nc(self) -> CoreRequests: ...
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.refused = 0  # messages a claim check refused, since start
+        # One tracker for every handler: a Redis outage fails them all at once.
+        self.handler_outage = Outage("bus handlers", component="bus", source=source)
 
     @property
-    def connected(self) -> bool: ...
+    @abstractmethod
+    def connected(self) -> bool:
+        """Whether the bus can publish now (not while its client reconnects)."""
 
+    @abstractmethod
     async def close(self) -> None: ...
 
-    async def publish_event(self, data: EventData, event_id: str | None = None) -> CloudEvent: ...
+    # --- publishing ----------------------------------------------------------------------
 
-    async def send_command(self, node_id: str, command: AnyAgentCommand) -> None: ...
+    @abstractmethod
+    async def _publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+        """Store ``payload`` in the stream of ``subject``, once per ``msg_id``."""
 
-    async def publish_report(self, report: AnyWorkerReport) -> None: ...
+    async def publish_event(self, data: EventData, event_id: str | None = None) -> CloudEvent:
+        event = CloudEvent.wrap(data, self.source, event_id)
+        await self._publish(event.nats_subject, event.model_dump_json().encode(), event.id)
+        log.debug("event published", type=event.type, id=event.id)
+        return event
 
-    async def dead_letter(
-        self, subject: str, payload: bytes, reason: str, deliveries: int
-    ) -> None: ...
+    async def send_command(self, node_id: str, command: AnyAgentCommand) -> None:
+        payload = command.model_dump_json().encode()
+        await self._publish(command_subject(node_id), payload, command.command_id)
 
-    async def serve(self, subject: str, answer: Callable[[bytes], Awaitable[bytes]]) -> None: ...
+    async def publish_report(self, report: AnyWorkerReport) -> None:
+        payload = report.model_dump_json().encode()
+        await self._publish(report_subject(report), payload, report_id(report))
 
-    async def package(self, sha256: str) -> bytes: ...
+    async def dead_letter(self, subject: str, payload: bytes, reason: str, deliveries: int) -> None:
+        letter = DeadLetter(
+            subject=subject,
+            reason=reason,
+            payload=payload.decode("utf-8", "replace"),
+            service=self.source,
+            deliveries=deliveries,
+        )
+        log.warning("message dead-lettered", subject=subject, reason=reason)
+        await self._publish(DEADLETTER_SUBJECT, letter.model_dump_json().encode())
+
+    # --- request/reply, objects and stored messages ----------------------------------------
+
+    @abstractmethod
+    async def serve(self, subject: str, answer: Callable[[bytes], Awaitable[bytes]]) -> None:
+        """Answer each core request on ``subject`` with what ``answer`` makes of its payload."""
+
+    @abstractmethod
+    async def request(self, subject: str, payload: bytes, timeout_s: float) -> bytes:
+        """A core request's answer: ``nats.errors.NoRespondersError`` when nobody listens on
+        the subject, ``nats.errors.TimeoutError`` when nobody answers in time."""
+
+    @abstractmethod
+    async def package(self, sha256: str) -> bytes:
+        """A job package's bytes; ``PackageError`` when absent or altered."""
+
+    @abstractmethod
+    async def has_package(self, sha256: str) -> bool: ...
+
+    @abstractmethod
+    async def put_package(self, data: bytes) -> tuple[str, bool]:
+        """Store ``data`` under its sha256; (sha256, whether it was new)."""
+
+    @abstractmethod
+    async def last_event_seq(self) -> int:
+        """The stream sequence of the latest stored event; 0 when there is none."""
+
+    @abstractmethod
+    def read_stream(self, stream: str, subjects: list[str]) -> AsyncIterator[tuple[str, bytes]]:
+        """(subject, payload) of every message of ``stream`` on ``subjects`` up to its end,
+        oldest first."""
+
+    @abstractmethod
+    async def last_message(self, stream: str, subject: str) -> bytes | None:
+        """The payload of the latest message of ``stream`` on ``subject``; None if none."""
+
+    # --- consuming -----------------------------------------------------------------------
 
     async def consume(
         self,
@@ -79,11 +125,32 @@ class EventBus(Protocol):
         handler: Callable[[T], Awaitable[None]],
         deliver_new: bool = False,
         claim: Claim[T] | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Feed every message on ``subject`` to ``handler`` in order, acking after success
+        (:mod:`shared.delivery`).
 
+        ``claim(subject, item)`` runs first and raises ``ClaimRefusedError`` for a message the
+        state contradicts: that one is dead-lettered, counted in ``refused``, and not handled.
+        """
+        delivery = Delivery(
+            parse, handler, claim, self.dead_letter, self.handler_outage, self._count_refused
+        )
+        await self._bind(subject, durable, deliver_new, delivery)
+
+    @abstractmethod
+    async def _bind(
+        self, subject: str, durable: str, deliver_new: bool, delivery: Delivery[Any]
+    ) -> None:
+        """Start ``delivery`` and hand it the messages of the durable consumer ``durable``."""
+
+    def _count_refused(self) -> None:
+        self.refused += 1
+
+    @abstractmethod
     def tail_events(
         self, after_seq: int | None = None
-    ) -> AsyncGenerator[tuple[int, CloudEvent], None]: ...
+    ) -> AsyncGenerator[tuple[int, CloudEvent], None]:
+        """Yield (stream sequence, event): new events, or all after ``after_seq``."""
 
 
 class JobStore(Protocol):
@@ -152,3 +219,5 @@ class JobStore(Protocol):
     async def raise_counter(self, key: str, floor: int) -> int: ...
 
     async def raise_plan_seq(self, floor: int) -> int: ...
+
+    async def current_epoch(self, lease: str) -> int: ...

@@ -12,6 +12,7 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
+from unicron.shared.calibstore import CalibrationTables
 from unicron.shared.jobindex import (
     APPEND_JOB_SCRIPT,
     FORGET_GONE_SCRIPT,
@@ -20,6 +21,7 @@ from unicron.shared.jobindex import (
     JobPosition,
     finished_at,
 )
+from unicron.shared.lease import Lease, current_epoch
 from unicron.shared.models import Job, NodeRecord
 from unicron.shared.plans import Plan
 from unicron.shared.records import Mutation, RedisRecords, connect_redis, parse_each
@@ -35,6 +37,23 @@ return value
 """
 
 
+def split_indexed(
+    positions: list[JobPosition], raws: list[str | bytes | None], retention_s: float
+) -> tuple[list[tuple[JobPosition, Job]], list[str]]:
+    """The indexed records that exist, parse and are within retention, and the ids of those
+    that are gone (absent, or past retention)."""
+    kept, gone = [], []
+    for at, raw in zip(positions, raws, strict=True):
+        parsed = parse_each(Job, "job", [at.job_id], [raw])
+        job = parsed[0] if parsed else None
+        ended = None if job is None else finished_at(job)
+        if raw is None or (ended is not None and ended + retention_s <= time.time()):
+            gone.append(at.job_id)
+        elif job is not None:
+            kept.append((at, job))
+    return kept, gone
+
+
 class StateStore(RedisRecords):
     def __init__(
         self,
@@ -46,6 +65,7 @@ class StateStore(RedisRecords):
         self.job_retention_s = job_retention_s
         self._append_job = client.register_script(APPEND_JOB_SCRIPT)
         self._forget_gone = client.register_script(FORGET_GONE_SCRIPT)
+        self.calibration = CalibrationTables(client)  # the planner's, exported by the API
 
     @classmethod
     async def connect(
@@ -119,15 +139,7 @@ class StateStore(RedisRecords):
         if not positions:
             return []
         raws = await self.redis.mget([self._key("job", p.job_id) for p in positions])
-        kept, gone = [], []
-        for at, raw in zip(positions, raws, strict=True):
-            parsed = parse_each(Job, "job", [at.job_id], [raw])
-            job = parsed[0] if parsed else None
-            ended = None if job is None else finished_at(job)
-            if raw is None or (ended is not None and ended + self.job_retention_s <= time.time()):
-                gone.append(at.job_id)
-            elif job is not None:
-                kept.append((at, job))
+        kept, gone = split_indexed(positions, raws, self.job_retention_s)
         if gone:
             await self.redis.delete(*(self._key("job", i) for i in gone))
             await self._unindex_gone(gone)
@@ -225,3 +237,13 @@ class StateStore(RedisRecords):
     async def raise_plan_seq(self, floor: int) -> int:
         """Raise the plan sequence so the next plan is numbered above ``floor``."""
         return await self.raise_counter(self._key("plan", "seq"), floor)
+
+    # --- leases (shared/lease.py) ----------------------------------------------------------
+
+    def lease(self, name: str, ttl_s: float, instance: str | None = None) -> Lease:
+        """The lease ``name`` under this store's prefix, not yet taken."""
+        return Lease(self.redis, name, ttl_s, prefix=self.prefix, instance=instance)
+
+    async def current_epoch(self, lease: str) -> int:
+        """The fencing epoch of the latest holder of ``lease``; 0 when nobody ever held it."""
+        return await current_epoch(self.redis, lease, self.prefix)

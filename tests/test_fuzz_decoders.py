@@ -449,10 +449,10 @@ def test_consumers_dead_letter_what_they_cannot_parse(data: st.DataObject) -> No
 def test_the_api_refuses_a_malformed_logs_reply(data: st.DataObject) -> None:
     raw = data.draw(st.one_of(ANY_INPUT, near_valid(as_json(LOGS_REPLIES))))
 
-    async def request(subject: str, payload: bytes, **_: Any) -> Any:
-        return SimpleNamespace(data=raw)
+    async def request(subject: str, payload: bytes, timeout_s: float) -> bytes:
+        return raw
 
-    bus = cast(Bus, SimpleNamespace(nc=SimpleNamespace(request=request)))
+    bus = cast(Bus, SimpleNamespace(request=request))
     try:
         reply = run(ask(bus, "n1", LOGS_REQUESTS[0]))
     except HTTPException as exc:

@@ -34,9 +34,7 @@ class Liveness:
 
     async def answers(self, node_id: str) -> bool:
         try:
-            await self.bus.nc.request(
-                ping_subject(node_id), b"", timeout=self.settings.ping_timeout_s
-            )
+            await self.bus.request(ping_subject(node_id), b"", self.settings.ping_timeout_s)
         except (NoRespondersError, NatsTimeoutError, TimeoutError):
             return False
         return True

@@ -24,7 +24,6 @@ from unicron.shared.models import JobState, WorkerState, now
 from unicron.shared.outage import Outage
 from unicron.shared.ports import EventBus, JobStore
 from unicron.shared.reports import (
-    REPORT_SUBJECT_PREFIX,
     WORKER_REPORT,
     AnyWorkerReport,
     StepCompleted,
@@ -32,6 +31,7 @@ from unicron.shared.reports import (
     WorkerExited,
     WorkerHung,
 )
+from unicron.shared.streams import reports_of_kind
 from unicron.shared.taxonomy import FailureCategory, FailureKind
 
 log = get_logger()
@@ -126,7 +126,7 @@ async def run(
     await asyncio.gather(
         *(
             bus.consume(
-                f"{REPORT_SUBJECT_PREFIX}*.{kind}",
+                reports_of_kind(kind),
                 durable=f"detector-{kind}",
                 parse=WORKER_REPORT.validate_json,
                 handler=detector.on_report,

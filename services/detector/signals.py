@@ -80,34 +80,45 @@ class Candidate:
         return (tier, _KIND_RANK[self.kind], -self.observed_at)
 
 
+def _about(
+    report: WorkerExited | WorkerException | WorkerHung,
+    kind: FailureKind,
+    category: FailureCategory,
+    evidence: dict[str, Any],
+) -> Candidate:
+    """A candidate blaming the worker that sent ``report``, when the report says."""
+    return Candidate(
+        job_id=report.job_id,
+        generation=report.generation,
+        node_id=report.node_id,
+        rank=report.rank,
+        kind=kind,
+        category=category,
+        observed_at=report.at,
+        evidence=evidence,
+    )
+
+
 def from_exit(report: WorkerExited) -> Candidate | None:
     """A non-zero exit the agent did not cause; None for clean or agent-requested exits."""
     if report.stopped_by_agent or report.exit_code == 0:
         return None
     crashed = report.signal is not None
-    return Candidate(
-        job_id=report.job_id,
-        generation=report.generation,
-        node_id=report.node_id,
-        rank=report.rank,
-        kind=FailureKind.CRASH if crashed else FailureKind.EXIT,
-        category=FailureCategory.EXITED_ABNORMALLY,
-        observed_at=report.at,
-        evidence={"pid": report.pid, "exit_code": report.exit_code, "signal": report.signal},
+    return _about(
+        report,
+        FailureKind.CRASH if crashed else FailureKind.EXIT,
+        FailureCategory.EXITED_ABNORMALLY,
+        {"pid": report.pid, "exit_code": report.exit_code, "signal": report.signal},
     )
 
 
 def from_exception(report: WorkerException) -> Candidate:
     # an unknown category already reads as software_other (shared/reports.py)
-    return Candidate(
-        job_id=report.job_id,
-        generation=report.generation,
-        node_id=report.node_id,
-        rank=report.rank,
-        kind=FailureKind.EXCEPTION,
-        category=report.category,
-        observed_at=report.at,
-        evidence={
+    return _about(
+        report,
+        FailureKind.EXCEPTION,
+        report.category,
+        {
             "pid": report.pid,
             "exc_type": report.exc_type,
             "message": report.message[:2000],
@@ -119,15 +130,11 @@ def from_exception(report: WorkerException) -> Candidate:
 
 
 def from_hang(report: WorkerHung) -> Candidate:
-    return Candidate(
-        job_id=report.job_id,
-        generation=report.generation,
-        node_id=report.node_id,
-        rank=report.rank,
-        kind=FailureKind.HANG,
-        category=FailureCategory.TASK_HANG,
-        observed_at=report.at,
-        evidence={
+    return _about(
+        report,
+        FailureKind.HANG,
+        FailureCategory.TASK_HANG,
+        {
             "pid": report.pid,
             "silent_s": round(report.silent_s, 3),
             "threshold_s": round(report.threshold_s, 3),

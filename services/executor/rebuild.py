@@ -19,13 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import ParamSpec
-
-from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
 
 from unicron.services.executor.adopt import (
     OrphanStop,
@@ -38,25 +34,24 @@ from unicron.services.executor.adopt import (
 from unicron.services.executor.settings import ExecutorSettings
 from unicron.shared.bus import Bus, parse_event
 from unicron.shared.delivery import PARSE_ERRORS
-from unicron.shared.events import JobStateChanged, PlanCreated
+from unicron.shared.events import JobStateChanged, PlanCreated, event_subject
 from unicron.shared.lease import PLANNER_LEASE, lease_keys
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import StopWorkers
 from unicron.shared.models import Job, NodeRecord, NodeState, new_id, now
 from unicron.shared.outage import Outage, is_outage
+from unicron.shared.ports import EventBus
 from unicron.shared.replay import ReplayedCluster, Replayer
-from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT, report_subject
+from unicron.shared.reports import WORKER_REPORT, report_subject
 from unicron.shared.state import StateStore
+from unicron.shared.streams import ALL_EVENTS, EVENTS_STREAM, REPORTS_STREAM, reports_of_kind
 
 P = ParamSpec("P")
 log = get_logger(component="rebuild")
-EVENTS_STREAM, REPORTS_STREAM = "UNICRON_EVENTS", "UNICRON_REPORTS"
 TRACE_SUBJECTS = [
-    f"{REPORT_SUBJECT_PREFIX}*.{kind}"
-    for kind in ("worker_started", "worker_regrouped", "worker_exited")
+    reports_of_kind(kind) for kind in ("worker_started", "worker_regrouped", "worker_exited")
 ]
 CHECK_INTERVAL_S = 0.25
-READ_TIMEOUT_S = 5.0
 
 
 class StateRebuildingError(ConnectionError):
@@ -72,29 +67,9 @@ class RebuildSummary:
     took_s: float
 
 
-async def read_stream(
-    js: JetStreamContext, stream: str, subjects: list[str]
-) -> AsyncIterator[tuple[str, bytes]]:
-    """Every message of ``stream`` on ``subjects`` up to its end, oldest first."""
-    infos = [await js.stream_info(stream, subjects_filter=s) for s in subjects]
-    if sum(sum((i.state.subjects or {}).values()) for i in infos) == 0:
-        return
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, filter_subjects=subjects)
-    sub = await js.subscribe(subjects[0], stream=stream, ordered_consumer=True, config=config)
-    try:
-        while True:
-            msg = await sub.next_msg(timeout=READ_TIMEOUT_S)
-            yield msg.subject, msg.data
-            if msg.metadata is None or msg.metadata.num_pending == 0:
-                return
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-
-
-async def replay_events(js: JetStreamContext) -> ReplayedCluster:
+async def replay_events(bus: EventBus) -> ReplayedCluster:
     replayer = Replayer()
-    async for _subject, raw in read_stream(js, EVENTS_STREAM, ["unicron.events.>"]):
+    async for _subject, raw in bus.read_stream(EVENTS_STREAM, [ALL_EVENTS]):
         try:
             replayer.apply(parse_event(raw))
         except PARSE_ERRORS:
@@ -102,9 +77,9 @@ async def replay_events(js: JetStreamContext) -> ReplayedCluster:
     return replayer.cluster
 
 
-async def read_traces(js: JetStreamContext) -> dict[Seat, SeatTrace]:
+async def read_traces(bus: EventBus) -> dict[Seat, SeatTrace]:
     traces: dict[Seat, SeatTrace] = {}
-    async for subject, raw in read_stream(js, REPORTS_STREAM, TRACE_SUBJECTS):
+    async for subject, raw in bus.read_stream(REPORTS_STREAM, TRACE_SUBJECTS):
         try:
             report = WORKER_REPORT.validate_json(raw)
         except PARSE_ERRORS:
@@ -165,10 +140,10 @@ class Rebuilder:
 
     async def rebuild(self) -> RebuildSummary:
         started, since = time.monotonic(), now()
-        replayed = await replay_events(self.bus.js)
+        replayed = await replay_events(self.bus)
         if replayed.jobs or replayed.quarantined:  # a fresh inventory, every report up to it
             nodes = await self._fresh_nodes(replayed.expected_nodes, since)
-            traces = await read_traces(self.bus.js)
+            traces = await read_traces(self.bus)
             await self._quarantine(replayed.quarantined)
         else:
             nodes, traces = await self.state.list_nodes(), {}
@@ -272,12 +247,9 @@ class Rebuilder:
         await self.state.raise_counter(epoch_key, planner_epoch)
 
     async def _raise_counters_to_last_plan(self) -> None:
-        try:
-            msg = await self.bus.js.get_last_msg(
-                EVENTS_STREAM, f"unicron.events.{PlanCreated.TYPE}"
-            )
-        except NotFoundError:
+        raw = await self.bus.last_message(EVENTS_STREAM, event_subject(PlanCreated.TYPE))
+        if raw is None:
             return
-        data = parse_event(msg.data or b"").typed()
+        data = parse_event(raw).typed()
         if isinstance(data, PlanCreated):
             await self._raise_counters(data.seq, data.epoch)

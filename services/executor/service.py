@@ -17,12 +17,13 @@ from unicron.services.executor.settings import ExecutorSettings
 from unicron.services.executor.transitions import TransitionRunner
 from unicron.shared.bus import Bus, parse_event
 from unicron.shared.claims import ReportClaims
-from unicron.shared.events import CloudEvent, FailureDetected, PlanCreated
+from unicron.shared.events import CloudEvent, FailureDetected, PlanCreated, event_subject
 from unicron.shared.logging import get_logger
 from unicron.shared.models import JobState, WorkerState, now
 from unicron.shared.outage import Outage
-from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from unicron.shared.reports import WORKER_REPORT
 from unicron.shared.state import StateStore
+from unicron.shared.streams import ALL_REPORTS
 from unicron.shared.transitions import TransitionMode
 
 log = get_logger()
@@ -92,12 +93,11 @@ async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: Execut
     records = Rebuilder(bus, state, settings)
     with contextlib.suppress(Exception):  # its watch below tries again, and logs why
         await records.check()
-    await bus.consume("unicron.events.plan.created", "executor", parse_event, executor.on_event)
+    plans, failures = event_subject(PlanCreated.TYPE), event_subject(FailureDetected.TYPE)
+    await bus.consume(plans, "executor", parse_event, executor.on_event)
+    await bus.consume(failures, "executor-failures", parse_event, executor.on_event)
     await bus.consume(
-        "unicron.events.failure.detected", "executor-failures", parse_event, executor.on_event
-    )
-    await bus.consume(
-        f"{REPORT_SUBJECT_PREFIX}>",
+        ALL_REPORTS,
         "executor-reports",
         WORKER_REPORT.validate_json,
         records.gated(executor.progress.on_report),

@@ -28,7 +28,7 @@ from unicron.services.executor.settings import ExecutorSettings
 from unicron.services.executor.survivors import finishing, in_place_workers
 from unicron.shared.bus import Bus
 from unicron.shared.events import JobStateChanged, TransitionStarted
-from unicron.shared.lease import PLANNER_LEASE, current_epoch
+from unicron.shared.lease import PLANNER_LEASE
 from unicron.shared.logging import get_logger
 from unicron.shared.models import (
     HistoryEntry,
@@ -62,7 +62,7 @@ class TransitionRunner:
 
     async def apply_plan(self, plan: Plan) -> None:
         # Fencing (docs/design.md §6): a plan from a planner that has since lost its lease is void.
-        epoch = await current_epoch(self.state.redis, PLANNER_LEASE, self.state.prefix)
+        epoch = await self.state.current_epoch(PLANNER_LEASE)
         if plan.epoch < epoch:
             get_logger(plan_id=plan.id).warning(
                 "stale plan refused", plan_epoch=plan.epoch, current_epoch=epoch

@@ -20,15 +20,11 @@ the simulator imports (:mod:`planning.calibration` converts it both ways).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
-
-import redis.asyncio as aioredis
 
 from unicron.planning.api import Calibration, TransitionKind
 from unicron.planning.calibration import record_of
-from unicron.shared.calibration import CALIBRATION_KEY
+from unicron.shared.calibstore import JOBS, TRANSITIONS, CalibrationTables
 from unicron.shared.models import now
 
 CLAMP = (0.05, 20.0)  # a factor outside this is a broken measurement, not a slow cluster
@@ -54,42 +50,28 @@ class FailurePrior:
 
 
 class CalibrationStore:
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        prior: FailurePrior,
-        alpha: float = 0.2,
-        prefix: str = "unicron:planner:calib:",
-    ) -> None:
-        self.redis = client
+    def __init__(self, tables: CalibrationTables, prior: FailurePrior, alpha: float = 0.2) -> None:
+        self.tables = tables  # StateStore.calibration
         self.prior = prior
         self.alpha = alpha
-        self.jobs_key = prefix + "jobs"
-        self.kinds_key = prefix + "transitions"
-        self.failures_key = prefix + "failures"
-
-    async def _get(self, key: str, field: str) -> dict[str, Any]:
-        raw = await self.redis.hget(key, field)
-        return dict(json.loads(raw)) if raw else {}
-
-    async def _put(self, key: str, field: str, record: dict[str, Any]) -> None:
-        await self.redis.hset(key, field, json.dumps(record))
 
     async def job_steps(self, job_id: str, ratio: float, samples: int, at: float) -> float:
         """Fold ``samples`` steps whose mean observed/modelled time is ``ratio``; new slowdown."""
-        record = await self._get(self.jobs_key, job_id)
+        record = await self.tables.record(JOBS, job_id)
         weight = 1 - (1 - self.alpha) ** samples  # as if folded in one at a time
         slowdown = clamp(ewma(record.get("slowdown"), ratio, weight))
         count = int(record.get("samples", 0)) + samples
-        await self._put(self.jobs_key, job_id, {"slowdown": slowdown, "samples": count, "at": at})
+        await self.tables.put_record(
+            JOBS, job_id, {"slowdown": slowdown, "samples": count, "at": at}
+        )
         return slowdown
 
     async def forget_job(self, job_id: str) -> None:
-        await self.redis.hdel(self.jobs_key, job_id)
+        await self.tables.drop_record(JOBS, job_id)
 
     async def transition(self, kind: TransitionKind, observed_s: float, modelled_s: float) -> float:
         """Fold one measured transition of ``kind``; the new factor."""
-        record = await self._get(self.kinds_key, kind.value)
+        record = await self.tables.record(TRANSITIONS, kind.value)
         factor = clamp(ewma(record.get("factor"), observed_s / modelled_s, self.alpha))
         update = {
             "factor": factor,
@@ -97,15 +79,11 @@ class CalibrationStore:
             "last_observed_s": observed_s,
             "last_modelled_s": modelled_s,
         }
-        await self._put(self.kinds_key, kind.value, update)
+        await self.tables.put_record(TRANSITIONS, kind.value, update)
         return factor
 
-    async def _counts(self) -> dict[str, float]:
-        raw = await self.redis.get(self.failures_key)
-        return {k: float(v) for k, v in json.loads(raw).items()} if raw else {}
-
     async def _failures(self, at: float, failures: float, gpu_h: float) -> None:
-        state = await self._counts()
+        state = await self.tables.failure_counts()
         elapsed_h = max(0.0, at - state.get("at", at)) / 3600
         decay = 0.5 ** (elapsed_h / self.prior.half_life_h)
         updated = {
@@ -113,14 +91,14 @@ class CalibrationStore:
             "gpu_h": state.get("gpu_h", 0.0) * decay + gpu_h,
             "at": at,
         }
-        await self.redis.set(self.failures_key, json.dumps(updated))
+        await self.tables.put_failure_counts(updated)
 
     async def failure(self, at: float) -> None:
         await self._failures(at, 1.0, 0.0)
 
     async def exposure(self, gpus: int, at: float, max_gap_s: float = 3600.0) -> None:
         """Count the GPU-hours run since the last call (capped: a long silence is no data)."""
-        last = (await self._counts()).get("at")
+        last = (await self.tables.failure_counts()).get("at")
         gap = min(max(0.0, at - last), max_gap_s) if last is not None else 0.0
         await self._failures(at, 0.0, gpus * gap / 3600)
 
@@ -136,20 +114,20 @@ class CalibrationStore:
         """:meth:`load`, also stored as the record the API exports (planning passes call this)."""
         calibration, samples = await self._read()
         record = record_of(calibration, samples, at=now())
-        await self.redis.set(CALIBRATION_KEY, record.model_dump_json())
+        await self.tables.save_snapshot(record)
         return calibration
 
     async def _read(self) -> tuple[Calibration, dict[str, int]]:
         """The calibration, and how many measured transitions each kind's factor folds in."""
-        jobs = await self.redis.hgetall(self.jobs_key)
-        kinds = await self.redis.hgetall(self.kinds_key)
-        samples = {str(k): int(json.loads(v).get("samples", 0)) for k, v in kinds.items()}
-        slowdown = sorted((str(j), two_digits(json.loads(v)["slowdown"])) for j, v in jobs.items())
+        jobs = await self.tables.records(JOBS)
+        kinds = await self.tables.records(TRANSITIONS)
+        samples = {k: int(v.get("samples", 0)) for k, v in kinds.items()}
+        slowdown = sorted((j, two_digits(v["slowdown"])) for j, v in jobs.items())
         factors = sorted(
-            (TransitionKind(k), two_digits(json.loads(v)["factor"]))
+            (TransitionKind(k), two_digits(v["factor"]))
             for k, v in kinds.items()
             if k in TransitionKind._value2member_map_
         )
-        counts = await self._counts()
+        counts = await self.tables.failure_counts()
         rate = self.rate(counts.get("failures", 0.0), counts.get("gpu_h", 0.0))
         return Calibration(tuple(slowdown), tuple(factors), two_digits(rate)), samples

@@ -29,32 +29,28 @@ from unicron.services.planner.calibration import CalibrationStore
 from unicron.services.planner.feedback import Feedback
 from unicron.services.planner.publish import announce, changes, summarise
 from unicron.services.planner.settings import PlannerSettings
+from unicron.shared import events
 from unicron.shared.bus import Bus, parse_event
-from unicron.shared.events import (
-    CloudEvent,
-    FailureDetected,
-    JobStateChanged,
-    JobSubmitted,
-    NodeJoined,
-    NodeLost,
-    NodeStateChanged,
-    TransitionCompleted,
-)
-from unicron.shared.lease import PLANNER_LEASE, Lease
+from unicron.shared.events import CloudEvent
+from unicron.shared.lease import PLANNER_LEASE
 from unicron.shared.logging import get_logger
 from unicron.shared.models import now
 from unicron.shared.outage import Outage, describe, is_outage
 from unicron.shared.plans import Plan
-from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from unicron.shared.reports import WORKER_REPORT
 from unicron.shared.service import ServiceBody
 from unicron.shared.state import StateStore
+from unicron.shared.streams import ALL_EVENTS, reports_of_kind
 
-EVENTS_SUBJECT = "unicron.events.>"
-STEPS_SUBJECT = f"{REPORT_SUBJECT_PREFIX}*.step_completed"
+STEPS_SUBJECT = reports_of_kind("step_completed")
 DURABLE = "planner"
 TRIGGERS = frozenset(
-    t.TYPE for t in (JobSubmitted, JobStateChanged, FailureDetected, NodeJoined, NodeLost)
-) | {NodeStateChanged.TYPE}
+    t.TYPE
+    for t in (
+        events.JobSubmitted, events.JobStateChanged, events.FailureDetected,
+        events.NodeJoined, events.NodeLost, events.NodeStateChanged,
+    )
+)  # fmt: skip
 RECONCILE = "reconcile"
 
 log = get_logger(component="planner")
@@ -75,12 +71,9 @@ class Planner:
         self.rules = settings.rules()
         self.clock = clock
         ttl = settings.planner_lease_ttl_s
-        self.lease = Lease(
-            state.redis, PLANNER_LEASE, ttl, prefix=state.prefix,
-            instance=settings.planner_instance,
-        )  # fmt: skip
+        self.lease = state.lease(PLANNER_LEASE, ttl, instance=settings.planner_instance)
         store = CalibrationStore(
-            state.redis, settings.failure_prior, settings.planner_calibration_alpha
+            state.calibration, settings.failure_prior, settings.planner_calibration_alpha
         )
         model = self.objective.throughput
         self.calibration = store
@@ -95,11 +88,11 @@ class Planner:
         if event.type in TRIGGERS:
             self.trigger(f"{event.type} {event.subject or ''}".rstrip())
         data = event.typed()
-        if isinstance(data, TransitionCompleted):
+        if isinstance(data, events.TransitionCompleted):
             await self.feedback.on_transition(event.id, data)
-        elif isinstance(data, FailureDetected):
+        elif isinstance(data, events.FailureDetected):
             await self.feedback.on_failure(data)
-        elif isinstance(data, JobStateChanged) and data.new.terminal:
+        elif isinstance(data, events.JobStateChanged) and data.new.terminal:
             self.feedback.forget(data.job_id)
             await self.calibration.forget_job(data.job_id)
 
@@ -136,7 +129,7 @@ class Planner:
         )
         tasks: list[asyncio.Task[None]] = []
         try:
-            await term_bus.consume(EVENTS_SUBJECT, DURABLE, parse_event, self.on_event)
+            await term_bus.consume(ALL_EVENTS, DURABLE, parse_event, self.on_event)
             await term_bus.consume(
                 STEPS_SUBJECT, "planner-steps", WORKER_REPORT.validate_json,
                 self.feedback.on_report, deliver_new=True,

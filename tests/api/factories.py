@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import httpx
 from pydantic import ValidationError
 
 from unicron.shared.bus import Bus
@@ -107,3 +108,9 @@ async def commands_sent(bus: Bus) -> int:
     """How many agent commands the stream holds: proves that a refused request sent none."""
     info = await bus.js.stream_info("UNICRON_COMMANDS")
     return int(info.state.messages)
+
+
+async def says_not_found(client: httpx.AsyncClient, path: str, words: str) -> bool:
+    """Whether GET ``path`` is a 404 whose detail says ``words``."""
+    response = await client.get(path)
+    return response.status_code == 404 and words in response.json()["detail"]

@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
 from tests.api.factories import ADMIN, TOKENS, USER_A, USER_B, bearer, put_job
-from tests.api.live import serve_api
 from unicron.services.api.__main__ import check_bind, load_settings
 from unicron.services.api.access import Caller, grant_for, may_see
 from unicron.services.api.app import create_app
 from unicron.services.api.settings import ApiSettings
 from unicron.shared.models import Job, JobSpec
 from unicron.shared.state import StateStore
-
-
-@pytest.fixture
-def secured_url(nats_url: str, redis_url: str) -> Iterator[str]:
-    with serve_api(nats_url, redis_url, api_tokens=TOKENS) as url:
-        yield url
-
-
-@pytest.fixture
-async def http(secured_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=secured_url, timeout=10.0) as client:
-        yield client
 
 
 def v1_calls() -> list[tuple[str, str]]:
@@ -42,60 +28,60 @@ def v1_calls() -> list[tuple[str, str]]:
 
 
 async def test_every_v1_call_needs_a_valid_token_and_probes_stay_open(
-    http: httpx.AsyncClient,
+    secured: httpx.AsyncClient,
 ) -> None:
     calls = v1_calls()
     assert ("POST", "/v1/jobs/job-x/faults") in calls and ("GET", "/v1/events") in calls
     for method, path in calls:
         for headers, error in (({}, None), (bearer("not-a-token-at-all"), "invalid_token")):
-            response = await http.request(method, path, headers=headers, json={})
+            response = await secured.request(method, path, headers=headers, json={})
             assert response.status_code == 401, (method, path, response.text)
             challenge = response.headers["WWW-Authenticate"]
             assert challenge.startswith("Bearer") and (error is None or error in challenge)
-    assert "bearer token" in (await http.get("/v1/jobs")).json()["detail"]
+    assert "bearer token" in (await secured.get("/v1/jobs")).json()["detail"]
     for path in ("/livez", "/readyz", "/metrics"):
-        assert (await http.get(path)).status_code == 200, path
+        assert (await secured.get(path)).status_code == 200, path
 
 
 async def test_fault_injection_is_for_admins_only(
-    http: httpx.AsyncClient, state: StateStore
+    secured: httpx.AsyncClient, state: StateStore
 ) -> None:
     await put_job(state, "job-drill")
     fault = {"rank": 0, "kind": "hang"}
-    refused = await http.post("/v1/jobs/job-drill/faults", json=fault, headers=bearer(USER_A))
+    refused = await secured.post("/v1/jobs/job-drill/faults", json=fault, headers=bearer(USER_A))
     assert refused.status_code == 403
     assert "needs an admin token" in refused.json()["detail"]
-    accepted = await http.post("/v1/jobs/job-drill/faults", json=fault, headers=bearer(ADMIN))
+    accepted = await secured.post("/v1/jobs/job-drill/faults", json=fault, headers=bearer(ADMIN))
     assert accepted.status_code == 202, accepted.text
     assert accepted.json()["node_id"] == "node-a"
 
 
-async def test_a_user_sees_and_controls_only_its_tenants_jobs(http: httpx.AsyncClient) -> None:
+async def test_a_user_sees_and_controls_only_its_tenants_jobs(secured: httpx.AsyncClient) -> None:
     key = {"Idempotency-Key": "nightly"}
-    mine = await http.post("/v1/jobs", json={"name": "a"}, headers=bearer(USER_A) | key)
+    mine = await secured.post("/v1/jobs", json={"name": "a"}, headers=bearer(USER_A) | key)
     assert mine.status_code == 201 and mine.json()["tenant"] == "team-a"
     job_a = mine.json()["id"]
     # The same key from another tenant is another job, not a way to read team-a's.
-    theirs = await http.post("/v1/jobs", json={"name": "a"}, headers=bearer(USER_B) | key)
+    theirs = await secured.post("/v1/jobs", json={"name": "a"}, headers=bearer(USER_B) | key)
     assert theirs.status_code == 201 and theirs.json()["id"] != job_a
     job_b = theirs.json()["id"]
 
     async def visible(token: str) -> list[str]:
-        return [j["id"] for j in (await http.get("/v1/jobs", headers=bearer(token))).json()]
+        return [j["id"] for j in (await secured.get("/v1/jobs", headers=bearer(token))).json()]
 
     assert await visible(USER_A) == [job_a]
     assert await visible(USER_B) == [job_b]
     assert await visible(ADMIN) == [job_a, job_b]
     for method, path in (("GET", f"/v1/jobs/{job_a}"), ("POST", f"/v1/jobs/{job_a}/cancel")):
-        response = await http.request(method, path, headers=bearer(USER_B))
+        response = await secured.request(method, path, headers=bearer(USER_B))
         assert response.status_code == 404, (method, path)
         assert response.json()["detail"] == f"job {job_a!r} not found"
-    assert (await http.get(f"/v1/jobs/{job_a}", headers=bearer(USER_A))).json()[
+    assert (await secured.get(f"/v1/jobs/{job_a}", headers=bearer(USER_A))).json()[
         "state"
     ] == "PENDING"
 
     async with asyncio.timeout(10):
-        events = await http.get("/v1/events", params={"follow": "false"}, headers=bearer(USER_B))
+        events = await secured.get("/v1/events", params={"follow": "false"}, headers=bearer(USER_B))
     assert job_b in events.text and job_a not in events.text
 
 

@@ -11,7 +11,7 @@ import httpx
 from typer.testing import CliRunner
 
 from tests.api import live
-from tests.api.factories import ADMIN, TOKENS, USER_A, bearer
+from tests.api.factories import ADMIN, TOKENS, USER_A, bearer, says_not_found
 from unicron.cli.main import app
 from unicron.planning.api import TransitionKind
 from unicron.services.planner.calibration import CalibrationStore, FailurePrior
@@ -24,7 +24,7 @@ PRIOR = FailurePrior(rate_per_gpu_h=1e-3, gpu_h=10.0, half_life_h=24.0)
 
 async def measured(state: StateStore) -> CalibrationStore:
     """A planner's store after two measured restarts and some steps of two tenants' jobs."""
-    store = CalibrationStore(state.redis, PRIOR, alpha=0.5)
+    store = CalibrationStore(state.calibration, PRIOR, alpha=0.5)
     for job_id, tenant in (("job-a", "team-a"), ("job-b", "team-b")):
         await state.create_job(
             Job(id=job_id, name=job_id, spec=JobSpec(name=job_id), tenant=tenant)
@@ -37,9 +37,7 @@ async def measured(state: StateStore) -> CalibrationStore:
 
 
 async def test_no_snapshot_yet_is_a_404_that_says_so(client: httpx.AsyncClient) -> None:
-    response = await client.get("/v1/calibration")
-    assert response.status_code == 404
-    assert "no calibration yet" in response.json()["detail"]
+    assert await says_not_found(client, "/v1/calibration", "no calibration yet")
 
 
 async def test_export_feeds_the_simulator_the_planners_numbers(

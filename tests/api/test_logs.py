@@ -6,14 +6,12 @@ why."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.api.factories import TOKENS, USER_A, USER_B, bearer, put_job
-from tests.api.live import serve_api
+from tests.api.factories import USER_A, USER_B, bearer, put_job
 from tests.api.log_nodes import JOB, Node, serve_nodes
 from unicron.shared.bus import Bus
 from unicron.shared.models import Job, JobState
@@ -114,18 +112,6 @@ async def test_bad_requests_say_why(
         assert response.status_code == code, (params, response.text)
         body = response.json()
         assert words in (body.get("message") or body["detail"]), (params, body)
-
-
-@pytest.fixture
-def secured_url(nats_url: str, redis_url: str) -> Iterator[str]:
-    with serve_api(nats_url, redis_url, api_tokens=TOKENS) as url:
-        yield url
-
-
-@pytest.fixture
-async def secured(secured_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=secured_url, timeout=10.0) as http:
-        yield http
 
 
 def of_team_a(job: Job) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from fastapi import Depends, FastAPI
 
 from tests.api import live
-from tests.api.factories import ADMIN, TOKENS, USER_A, bearer
+from tests.api.factories import ADMIN, TOKENS, USER_A, bearer, says_not_found
 from unicron.planning.planning import plan_cluster, snapshot
 from unicron.services.api.access import authenticate
 from unicron.services.api.app import create_app
@@ -46,9 +46,7 @@ async def planned(state: StateStore) -> Plan:
 
 
 async def test_no_plan_yet_is_a_404_that_says_so(client: httpx.AsyncClient) -> None:
-    response = await client.get("/v1/plans/latest")
-    assert response.status_code == 404
-    assert "no plan yet" in response.json()["detail"]
+    assert await says_not_found(client, "/v1/plans/latest", "no plan yet")
 
 
 async def test_latest_and_by_id_return_the_explained_plan(

@@ -4,14 +4,13 @@ counters never go backwards, and stale messages change nothing afterwards."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.executor.conftest import FakeAgent
+from tests.heartbeats import beating
 from unicron.services.executor.progress import ProgressTracker
 from unicron.services.executor.rebuild import Rebuilder, StateRebuildingError
 from unicron.services.executor.settings import ExecutorSettings
@@ -27,7 +26,7 @@ from unicron.shared.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from unicron.shared.lease import PLANNER_LEASE, current_epoch
+from unicron.shared.lease import PLANNER_LEASE
 from unicron.shared.messages import AGENT_COMMAND, StopWorkers, command_subject
 from unicron.shared.models import (
     JobSpec,
@@ -89,17 +88,8 @@ async def nodes(state: StateStore, bus: Bus) -> AsyncIterator[dict[str, FakeAgen
         subject = command_subject(node_id)
         await bus.consume(subject, f"agent-{node_id}", AGENT_COMMAND.validate_json, fake.take)
 
-    async def beat() -> None:
-        while True:
-            for node_id in agents:
-                await state.update_node(node_id, lambda n: setattr(n, "last_heartbeat", now()))
-            await asyncio.sleep(0.05)
-
-    task = asyncio.create_task(beat())
-    yield agents
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with beating(state, agents, every_s=0.05):
+        yield agents
 
 
 async def runs(state: StateStore, node_id: str, *workers: tuple[str, int, int]) -> None:
@@ -151,7 +141,7 @@ async def test_jobs_come_back_with_their_workers_and_orphans_are_stopped(
     assert (stop.job_id, stop.below_generation) == ("job-x", None)
     assert not nodes["n1"].of(StopWorkers)
     assert await state.next_plan_seq() == 6
-    assert await current_epoch(state.redis, PLANNER_LEASE) == 4
+    assert await state.current_epoch(PLANNER_LEASE) == 4
     assert await state.cluster_marker() is not None
     n1 = await state.get_node("n1")  # it re-registered READY: its quarantine is not over
     assert n1 is not None and (n1.state, n1.quarantined_until) == (
@@ -205,4 +195,4 @@ async def test_a_redis_that_kept_its_data_is_not_rebuilt_but_its_counters_are_ra
     await rebuilder.check()
     assert not rebuilder.pending and rebuilder.last is None
     assert await state.next_plan_seq() == 10
-    assert await current_epoch(state.redis, PLANNER_LEASE) == 2
+    assert await state.current_epoch(PLANNER_LEASE) == 2

@@ -13,7 +13,7 @@ from unicron.services.executor.service import Executor
 from unicron.shared.bus import Bus
 from unicron.shared.events import TransitionCompleted, TransitionStarted
 from unicron.shared.messages import RegroupWorker, StartWorker, StopWorkers
-from unicron.shared.models import JobState, NodeState, PlanAction, WorkerState
+from unicron.shared.models import Job, JobState, NodeState, PlanAction, WorkerState
 from unicron.shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
 from unicron.shared.state import StateStore
 
@@ -34,6 +34,25 @@ async def stopped(agent: FakeAgent, below: int) -> None:
     assert stop.below_generation == below
 
 
+async def rank_1_reattempted(executor: Executor, state: StateStore) -> Job:
+    """A running job on FOUR whose rank 1 raised, re-attempted in place by a plan."""
+    job = await running_job(state, FOUR)
+    await fail(state, job.id, "reattempt", rank=1, kind="exception")
+    await apply(executor, state, job, PlanAction.RESTART, FOUR)
+    return job
+
+
+async def rank_2_restarted(
+    executor: Executor, state: StateStore, agents: dict[str, FakeAgent]
+) -> Job:
+    """A running job on FOUR whose rank 2 died, restarted by a plan; n1 stopped generation 1."""
+    job = await running_job(state, FOUR)
+    await fail(state, job.id, "restart", rank=2, dead=(2,))
+    await apply(executor, state, job, PlanAction.RESTART, FOUR)
+    await stopped(agents["n1"], below=2)
+    return job
+
+
 def regrouped(
     job_id: str, node: str, gen: int, rank: int, source: str, **kw: object
 ) -> WorkerRegrouped:
@@ -46,9 +65,7 @@ def regrouped(
 async def test_reattempt_regroups_the_same_ranks_in_place(
     executor: Executor, state: StateStore, agents: dict[str, FakeAgent]
 ) -> None:
-    job = await running_job(state, FOUR)
-    await fail(state, job.id, "reattempt", rank=1, kind="exception")
-    await apply(executor, state, job, PlanAction.RESTART, FOUR)
+    job = await rank_1_reattempted(executor, state)
     for node in ("n0", "n1"):
         await stopped(agents[node], below=2)
         assert agents[node].of(StartWorker) == []
@@ -74,10 +91,7 @@ async def test_reattempt_regroups_the_same_ranks_in_place(
 async def test_restart_starts_a_joiner_and_regroups_survivors_then_completes(
     executor: Executor, state: StateStore, agents: dict[str, FakeAgent], bus: Bus, events: Events
 ) -> None:
-    job = await running_job(state, FOUR)
-    await fail(state, job.id, "restart", rank=2, dead=(2,))
-    await apply(executor, state, job, PlanAction.RESTART, FOUR)
-    await stopped(agents["n1"], below=2)
+    job = await rank_2_restarted(executor, state, agents)
     await stopped(agents["n0"], below=2)
     (joiner,) = agents["n1"].of(StartWorker)
     assert (joiner.generation, joiner.rank, joiner.world_size, joiner.state_source_rank) == (
@@ -185,10 +199,7 @@ async def test_no_survivors_restarts_every_rank_from_the_checkpoint(
 async def test_a_joiner_that_dies_falls_back_to_the_checkpoint(
     executor: Executor, state: StateStore, agents: dict[str, FakeAgent], bus: Bus, events: Events
 ) -> None:
-    job = await running_job(state, FOUR)
-    await fail(state, job.id, "restart", rank=2, dead=(2,))
-    await apply(executor, state, job, PlanAction.RESTART, FOUR)
-    await stopped(agents["n1"], below=2)
+    job = await rank_2_restarted(executor, state, agents)
     await bus.publish_report(
         WorkerStarted(node_id="n1", job_id=job.id, generation=2, rank=2, pid=2002)
     )
@@ -236,9 +247,7 @@ async def test_a_joiner_that_dies_falls_back_to_the_checkpoint(
 async def test_a_transition_that_never_steps_falls_back_on_reconcile(
     executor: Executor, state: StateStore, agents: dict[str, FakeAgent]
 ) -> None:
-    job = await running_job(state, FOUR)
-    await fail(state, job.id, "reattempt", rank=1, kind="exception")
-    await apply(executor, state, job, PlanAction.RESTART, FOUR)
+    job = await rank_1_reattempted(executor, state)
     await stopped(agents["n0"], below=2)
 
     def long_ago(j):  # type: ignore[no-untyped-def]

@@ -21,7 +21,7 @@ MODEL = MegatronThroughput(CPU)
 
 
 def store(state: StateStore) -> CalibrationStore:
-    return CalibrationStore(state.redis, PRIOR, alpha=0.5)
+    return CalibrationStore(state.calibration, PRIOR, alpha=0.5)
 
 
 async def running_job(state: StateStore, generation: int = 2, world: int = 2) -> Job:

@@ -14,20 +14,19 @@ from fastapi import APIRouter, HTTPException, status
 from unicron.services.api.access import Principal, may_see
 from unicron.services.api.deps import StateDep
 from unicron.services.api.errors import errors
-from unicron.shared.calibration import CALIBRATION_KEY, CalibrationRecord
+from unicron.shared.calibration import CalibrationRecord
 
 router = APIRouter(prefix="/v1/calibration", tags=["calibration"])
 
 
 @router.get("", response_model=CalibrationRecord, responses=errors(404))
 async def get_calibration(state: StateDep, caller: Principal) -> CalibrationRecord:
-    raw = await state.redis.get(CALIBRATION_KEY)
-    if raw is None:
+    record = await state.calibration.snapshot()
+    if record is None:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,
             "no calibration yet: the planner stores one at its first planning pass",
         )
-    record = CalibrationRecord.model_validate_json(raw)
     if caller.admin:
         return record
     visible = {job.id for job in await state.list_jobs() if may_see(caller, job)}

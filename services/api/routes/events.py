@@ -25,7 +25,6 @@ from unicron.shared.events import CloudEvent
 from unicron.shared.state import StateStore
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
-EVENTS_STREAM = "UNICRON_EVENTS"
 # In history mode stored events arrive back to back; a longer silence means the remaining
 # messages were malformed ones that the bus skips, and waiting on would never end.
 HISTORY_IDLE_S = 2.0
@@ -47,11 +46,6 @@ def _start_after(since: int | None, last_event_id: str | None, follow: bool) -> 
     if since is not None:
         return since
     return None if follow else 0
-
-
-async def _history_end(bus: Bus) -> int:
-    info = await bus.js.stream_info(EVENTS_STREAM)
-    return int(info.state.last_seq)
 
 
 def visibility(caller: Caller, state: StateStore) -> Visible:
@@ -113,7 +107,7 @@ async def stream_events(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
     after = _start_after(since, last_event_id, follow)
-    end = None if follow else await _history_end(bus)
+    end = None if follow else await bus.last_event_seq()
     return EventSourceResponse(
         _sse(bus, after, end, visibility(caller, state)),
         ping=settings.api_sse_ping_s,

@@ -44,7 +44,7 @@ async def livez() -> dict[str, str]:
 async def readyz(response: Response, bus: BusDep, state: StateDep) -> Readiness:
     """200 when both NATS and Redis answer, else 503 naming the one that does not."""
     checks = {
-        "nats": "ok" if bus.nc.is_connected else "disconnected",
+        "nats": "ok" if bus.connected else "disconnected",
         "redis": "ok" if await _redis_ok(state) else "unreachable",
     }
     failed = sorted(name for name, result in checks.items() if result != "ok")

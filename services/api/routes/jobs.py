@@ -23,7 +23,6 @@ from unicron.services.api.errors import errors
 from unicron.shared.events import JobStateChanged, JobSubmitted
 from unicron.shared.logging import get_logger
 from unicron.shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
-from unicron.shared.packages import has_package
 from unicron.shared.roles import ServiceRole
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -115,7 +114,7 @@ async def _check_package(bus: BusDep, spec: JobSpec) -> None:
     if spec.package is None:
         return
     try:
-        present = await has_package(bus.js, spec.package)
+        present = await bus.has_package(spec.package)
     except Exception as exc:
         log.error("package store unavailable", error=repr(exc))
         raise HTTPException(

@@ -41,14 +41,14 @@ class AgentSilent(Exception):
 
 async def ask(bus: Bus, node_id: str, request: LogsRequest) -> LogsReply:
     try:
-        msg = await bus.nc.request(
-            logs_subject(node_id), request.model_dump_json().encode(), timeout=REQUEST_TIMEOUT_S
+        raw = await bus.request(
+            logs_subject(node_id), request.model_dump_json().encode(), REQUEST_TIMEOUT_S
         )
     except Exception as exc:  # timeout, no responders, connection closed
         why = f"the agent of node {node_id} is not answering ({type(exc).__name__})"
         raise AgentSilent(why) from exc
     try:
-        reply = LogsReply.model_validate_json(msg.data)
+        reply = LogsReply.model_validate_json(raw)
     except ValidationError as exc:  # a broken agent: refuse its reply, as for one that errs
         detail = f"node {node_id} sent a malformed logs reply: {exc.error_count()} errors"
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, detail) from None

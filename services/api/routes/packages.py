@@ -21,7 +21,7 @@ from unicron.services.api.deps import BusDep
 from unicron.services.api.errors import errors
 from unicron.shared.jobspec import PACKAGE_SCHEME
 from unicron.shared.logging import get_logger
-from unicron.shared.packages import MAX_PACKAGE_BYTES, put_package
+from unicron.shared.packages import MAX_PACKAGE_BYTES
 
 router = APIRouter(prefix="/v1/packages", tags=["packages"])
 log = get_logger(component="api.packages")
@@ -88,7 +88,7 @@ async def upload_package(
         raise HTTPException(422, "the body's sha256 is not the one given: upload corrupted?")
     if not data.startswith(_GZIP_MAGIC):
         raise HTTPException(422, "a package must be a tar.gz archive")
-    stored, created = await put_package(bus.js, data)
+    stored, created = await bus.put_package(data)
     if not created:
         response.status_code = status.HTTP_200_OK
     log.info("package stored", sha256=stored, size=len(data), new=created, tenant=caller.tenant)
