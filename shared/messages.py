@@ -89,6 +89,10 @@ class RegroupDirective(GroupSeat):
     generation (new store prefix), keeping the process and its memory (docs/design.md §5)."""
 
     directive: Literal["regroup"] = "regroup"
+    lost_hosts: list[str] = Field(
+        default_factory=list,
+        description="addresses of lost nodes: the worker severs its connections to them",
+    )
 
 
 class RegroupWorker(Message):

@@ -23,6 +23,7 @@ from unicron.shared.logging import get_logger
 from unicron.shared.messages import RegroupDirective
 from unicron.shared.taxonomy import FailureCategory
 from unicron.trainer.classify import classify
+from unicron.trainer.sever import sever
 
 log = get_logger(component="trainer.regroup")
 
@@ -68,6 +69,8 @@ class RegroupInbox:
             self._pending = PendingRegroup(regroup, received)
             self._cond.notify_all()
         log.info("regroup directive", generation=regroup.generation, rank=regroup.rank)
+        # After the directive is pending: a collective that fails now parks and finds it.
+        sever(regroup.lost_hosts)
 
     def pending(self) -> bool:
         return self._pending is not None

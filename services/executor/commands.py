@@ -14,7 +14,7 @@ from unicron.shared.messages import (
     StartWorker,
     StopWorkers,
 )
-from unicron.shared.models import Job, NodeRecord
+from unicron.shared.models import Job, NodeRecord, NodeState
 
 
 class MissingNodeError(RuntimeError):
@@ -71,9 +71,17 @@ def start_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, St
     ]
 
 
+def lost_hosts(job: Job, nodes: dict[str, NodeRecord]) -> list[str]:
+    """Addresses of lost nodes that no rank of the new generation runs on: a survivor's
+    connections to them are dead even if nothing says so (a cut link, trainer/sever.py)."""
+    kept = {nodes[w.node_id].host for w in job.workers if w.node_id in nodes}
+    return sorted({n.host for n in nodes.values() if n.state == NodeState.LOST} - kept)
+
+
 def regroup_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, RegroupWorker]]:
     """A regroup for every survivor: re-form in place as its new rank of this generation."""
     rendezvous = rendezvous_for(job, nodes)
+    lost = lost_hosts(job, nodes)
     commands = []
     for worker in job.workers:
         if worker.from_generation is None or worker.from_rank is None:
@@ -85,6 +93,7 @@ def regroup_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, 
             world_size=job.world_size,
             rendezvous=rendezvous,
             state_source_rank=worker.state_source_rank,
+            lost_hosts=lost,
         )
         command = RegroupWorker(
             command_id=f"regroup:{job.id}:{job.generation}:{worker.from_rank}",
