@@ -112,7 +112,9 @@ class WorkerEnv(BaseModel):
 
     An agent sets ``launch``, ``agent_socket``, ``job_id`` and ``checkpoint_dir`` for a worker
     (``agent_socket`` alone for a warm spare); an operator may set ``park_timeout_s`` on the
-    agent, and a local run (no agent) reads ``job_spec`` and ``checkpoint_dir``.
+    agent, and a local run (no agent) reads ``job_spec`` and ``checkpoint_dir``. A worker that
+    inherits ``checkpoint_url`` (from its agent or the job's env) also keeps its checkpoints in
+    that object store (``trainer.objectstore``).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
@@ -122,6 +124,8 @@ class WorkerEnv(BaseModel):
     spare: bool = Field(False, alias="UNICRON_WORKER_SPARE")
     job_id: str | None = Field(None, alias="UNICRON_JOB_ID")
     checkpoint_dir: str | None = Field(None, alias="UNICRON_CHECKPOINT_DIR")
+    # An fsspec URL (s3://bucket/prefix): each job's checkpoints go to <url>/<job_id>/.
+    checkpoint_url: str | None = Field(None, alias="UNICRON_CHECKPOINT_URL")
     job_spec: str | None = Field(None, alias="UNICRON_JOB_SPEC", description="local runs")
     # How long a worker whose peer died keeps its memory waiting for a regroup directive.
     park_timeout_s: float = Field(DEFAULT_PARK_TIMEOUT_S, alias="UNICRON_PARK_TIMEOUT_S")

@@ -1,9 +1,15 @@
-"""Disk checkpoints of the full training state, written atomically by rank 0.
+"""Checkpoints of the full training state on one node's disk, written atomically.
 
 A checkpoint is ``<dir>/step-<n>.pt`` holding the model, the optimizer (and the learning-rate
-scheduler, when the run has one) and the step. It is
-written to a temporary name in the same directory and renamed into place, so a reader never
-sees half a file even if the writer dies mid-way. Only the newest few are kept.
+scheduler, when the run has one) and the step. ``<dir>`` is the node's own (under the agent's
+``UNICRON_DATA_DIR``), never shared: every node keeps its own copy (:mod:`trainer.storage`
+decides who writes it). A file is written to a temporary name in the same directory and
+renamed into place, so a reader never sees half a file even if the writer dies mid-way. Only
+the newest few are kept.
+
+Of the ranks on one node, the first to :func:`claim` a step writes it: an exclusive create of
+a marker ``.step-<n>.g<generation>.claim`` next to the checkpoint, so two ranks never both
+write and no rank needs to know who else shares its node.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from unicron.trainer.parallel import Scheduler
 KEEP_LAST = 3
 
 _NAME = re.compile(r"^step-(\d+)\.pt$")
+# Everything else a step leaves in the directory: claim markers and temporary files.
+_HIDDEN = re.compile(r"^\.step-(\d+)\.")
+_CLAIM = re.compile(r"^\.step-(\d+)\.g\d+\.claim$")
 
 TrainState = dict[str, Any]
 
@@ -37,6 +46,34 @@ def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
         return []
     found = [(int(m.group(1)), root / m.group(0)) for m in map(_NAME.match, os.listdir(root)) if m]
     return sorted(found)
+
+
+def claim(directory: str | Path, step: int, generation: int) -> bool:
+    """Whether this process is the first on this node to claim writing ``step`` in
+    ``generation`` (a step re-run by a later generation is claimed afresh)."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / f".step-{step}.g{generation}.claim"
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def drop_unfinished_claims(directory: str | Path) -> None:
+    """Remove the claims of steps newer than the newest checkpoint: their writer died, and a
+    rerun under the same generation (a local run) must be able to write them."""
+    root = Path(directory)
+    if not root.is_dir():
+        return
+    found = list_checkpoints(root)
+    newest = found[-1][0] if found else 0
+    for name in os.listdir(root):
+        match = _CLAIM.match(name)
+        if match and int(match.group(1)) > newest:
+            (root / name).unlink(missing_ok=True)
 
 
 def save(directory: str | Path, step: int, state: TrainState, keep_last: int = KEEP_LAST) -> Path:
@@ -60,8 +97,15 @@ def save(directory: str | Path, step: int, state: TrainState, keep_last: int = K
 
 
 def _prune(root: Path, keep_last: int) -> None:
-    for _, path in list_checkpoints(root)[:-keep_last]:
+    found = list_checkpoints(root)
+    for _, path in found[:-keep_last]:
         path.unlink(missing_ok=True)
+    oldest_kept = found[-keep_last:][0][0] if found else 0
+    # Claims and temporaries of pruned steps (and of steps no one finished) go with them.
+    for name in os.listdir(root):
+        match = _HIDDEN.match(name)
+        if match and int(match.group(1)) < oldest_kept:
+            (root / name).unlink(missing_ok=True)
 
 
 def load_latest(directory: str | Path) -> tuple[int, TrainState] | None:
@@ -71,12 +115,20 @@ def load_latest(directory: str | Path) -> tuple[int, TrainState] | None:
     next older one: resuming from a little earlier beats not resuming at all.
     """
     for step, path in reversed(list_checkpoints(directory)):
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:
-            continue
-        if isinstance(state, dict) and state.get("step") == step:
+        state = load(path, step)
+        if state is not None:
             return step, state
+    return None
+
+
+def load(path: str | Path, step: int) -> TrainState | None:
+    """The state in ``path`` if it is a readable checkpoint of ``step``, else None."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    if isinstance(state, dict) and state.get("step") == step:
+        return state
     return None
 
 

@@ -15,8 +15,12 @@ loop body) does each forward and backward between two of them:
 - a regroup joins the new group through the agent's store under the directive's prefix, hands
   the state off (:mod:`trainer.handoff`), sends a new ``WorkerHello`` and ``WorkerRegrouped``
   and steps on; a worker launched with ``state_source_rank`` starts the same way, as a joiner;
-- when the transfer itself fails (the source died), a rank without state takes the disk
-  checkpoint, reports ``WorkerRegrouped(state_source="disk")`` and parks for the next group.
+- when the transfer itself fails (the source died), a rank without state takes the newest
+  checkpoint it reaches alone (:func:`trainer.resume.fall_back_to_disk`), reports
+  ``WorkerRegrouped(state_source="disk")`` and parks for the next group.
+
+Its checkpoints are a :class:`~trainer.storage.CheckpointStore`: the node's directory and the
+object store, if the job has one; a run that finishes waits there for its last upload.
 """
 
 from __future__ import annotations
@@ -39,17 +43,13 @@ from unicron.shared.reports import WorkerHello, WorkerRegrouped
 from unicron.shared.transitions import StateSource
 from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer.faults import FaultInbox
-from unicron.trainer.handoff import (
-    Handoff,
-    Replica,
-    fall_back_to_disk,
-    hand_off,
-    resume_from_disk,
-)
+from unicron.trainer.handoff import Handoff, Replica, hand_off
 from unicron.trainer.ledger import Ledger
 from unicron.trainer.loop import Channel, StepMonitor, Trainee, step_micro_batches
 from unicron.trainer.parallel import StepInterrupted
 from unicron.trainer.regroup import PendingRegroup, RegroupInbox, is_peer_failure
+from unicron.trainer.resume import fall_back_to_disk, resume_from_checkpoint
+from unicron.trainer.storage import CheckpointStore
 
 log = get_logger(component="trainer.elastic")
 
@@ -91,17 +91,18 @@ class ElasticRank:
         self._report_failure = report_failure
         self._park_timeout_s = park_timeout_s
         self._ledger = Ledger(launch.checkpoint_dir)
+        self._store = CheckpointStore.for_launch(launch)
         self._group = group
         self._trainee: Trainee | None = None
         self._monitor: StepMonitor | None = None
         self._in_handoff = False
 
     def resume(self) -> None:
-        """Take the state this launch starts from: the newest checkpoint (rank 0's, for all),
-        or for a joiner, the state a live peer hands it at the first batch."""
+        """Take the state this launch starts from: the job's newest checkpoint, wherever a
+        rank finds it, or for a joiner, the state a live peer hands it at the first batch."""
         launch = self.launch
         if launch.state_source_rank is None:
-            start = resume_from_disk(self.replica, launch.rank, self._group, launch.checkpoint_dir)
+            start = resume_from_checkpoint(self.replica, launch.rank, self._group, self._store)
             self._enter(launch, resumed_from=start if start > 0 else None)
         else:
             self._regroups.generation = launch.generation - 1  # so its own launch is not stale
@@ -129,6 +130,7 @@ class ElasticRank:
                 # gloo keeps its connections open and peers blocked on us never learn.
                 traceback.clear_frames(exc.__traceback__)
                 self._park(exc)
+        self._store.finish()  # the last checkpoint's upload, if any, before the process ends
 
     def backward(self, loss: torch.Tensor) -> None:
         if self._trainee is None:
@@ -153,6 +155,7 @@ class ElasticRank:
             interrupted=self._regroups.pending,
             ledger=self._ledger,
             scheduler=self.replica.scheduler,
+            checkpoints=self._store,
         )
         log.info(
             "training",
@@ -233,10 +236,10 @@ class ElasticRank:
                 group,
                 directive.state_source_rank,
                 launch.spec.micro_batches,
-                launch.checkpoint_dir,
+                self._store,
             )
         except Exception as exc:
-            source = fall_back_to_disk(self.replica, launch.checkpoint_dir)
+            source = fall_back_to_disk(self.replica, self._store)
             if source is not None and is_peer_failure(exc):
                 self._report_regrouped(regroup_s, 0.0, source, 0)
             raise

@@ -17,7 +17,8 @@ then decides the same thing on every rank:
   not merely the same samples. Rounding matters: a ReLU model trained by Adam turns one
   step's rounding difference into a 0.26 relative difference of its parameters a thousand
   steps later (the MLP of ``bench/user_job.py``);
-- when no rank holds state (a group of joiners only), rank 0 reads the disk checkpoint.
+- when no rank holds state (a group of joiners only), the group resumes from the newest
+  checkpoint any rank reaches (:mod:`trainer.resume`).
 
 The state is whatever the user's run wrapped: its model, optimizer and scheduler.
 """
@@ -35,6 +36,8 @@ from unicron.shared.logging import get_logger
 from unicron.shared.transitions import StateSource
 from unicron.trainer import checkpoint
 from unicron.trainer.parallel import Scheduler, StepWork
+from unicron.trainer.resume import object_device, resume_from_checkpoint
+from unicron.trainer.storage import CheckpointStore
 
 log = get_logger(component="trainer.handoff")
 
@@ -159,7 +162,7 @@ def hand_off(
     group: dist.ProcessGroup,
     requested_source: int | None,
     total: int,
-    checkpoint_dir: str,
+    store: CheckpointStore,
 ) -> Handoff:
     """Agree on the state with the new group and bring this rank's ``replica`` to the
     target step; returns the step's work (kept partial sums plus assigned micro-batches)."""
@@ -170,12 +173,14 @@ def hand_off(
     plan = plan_handoff(holdings, total)
     source = StateSource.MEMORY
     if plan.from_disk:
-        step = resume_from_disk(replica, rank, group, checkpoint_dir)
+        step = resume_from_checkpoint(replica, rank, group, store)
         source = StateSource.DISK if step > 0 else StateSource.NONE
     elif plan.source is not None:
         state = replica.capture(replica.next_step - 1) if rank == plan.source else None
         payload: list[object] = [state]
-        dist.broadcast_object_list(payload, src=plan.source, group=group, device=_device(replica))
+        dist.broadcast_object_list(
+            payload, src=plan.source, group=group, device=object_device(replica)
+        )
         if rank in plan.receivers:
             received = payload[0]
             assert isinstance(received, dict)
@@ -197,58 +202,3 @@ def _work_for(replica: Replica, kept: list[int], assigned: list[int]) -> StepWor
     # Nothing kept: whatever partial sums .grad holds belong to a step that is over.
     replica.optimizer.zero_grad(set_to_none=True)
     return StepWork(replica.next_step, list(assigned))
-
-
-def _device(replica: Replica) -> torch.device | None:
-    device = next(replica.model.parameters()).device
-    # Object collectives stage their bytes on the device NCCL needs; gloo works on the CPU.
-    return device if device.type == "cuda" else None
-
-
-def resume_from_disk(
-    replica: Replica, rank: int, group: dist.ProcessGroup | None, checkpoint_dir: str
-) -> int:
-    """Continue from rank 0's newest checkpoint; returns the step it holds (0 for none).
-
-    Rank 0 reads the file and broadcasts the state, so ranks on nodes that cannot see the
-    checkpoint directory still start from the same bits as rank 0. Without a checkpoint rank
-    0 broadcasts its fresh state, as DDP does: a user's model need not be built identically
-    on every rank. ``group=None`` is a single process with no one to tell.
-    """
-    found = checkpoint.load_latest(checkpoint_dir) if rank == 0 else None
-    if rank == 0 and found is None and group is not None:
-        found = (0, replica.capture(0))
-    payload: list[object] = [found]
-    if group is not None:
-        dist.broadcast_object_list(payload, src=0, group=group, device=_device(replica))
-    received = payload[0]
-    replica.has_state = True
-    if received is None:
-        replica.next_step = 1
-        return 0
-    assert isinstance(received, tuple)
-    step, state = received
-    if rank != 0 or step > 0:
-        replica.restore(state)
-    replica.next_step = int(step) + 1
-    if step > 0:
-        log.info("resumed", rank=rank, step=step)
-    return int(step)
-
-
-def fall_back_to_disk(replica: Replica, checkpoint_dir: str) -> StateSource | None:
-    """After a failed transfer: a rank without state takes this node's newest checkpoint
-    (a rank with state keeps its newer memory). Returns the source used, None if it kept."""
-    if replica.has_state:
-        return None
-    found = checkpoint.load_latest(checkpoint_dir)
-    replica.has_state = True
-    replica.work = None
-    if found is None:
-        replica.next_step = 1  # the freshly built model is the state of step 0
-        return StateSource.NONE
-    step, state = found
-    replica.restore(state)
-    replica.next_step = step + 1
-    log.warning("state from disk after a failed transfer", step=step)
-    return StateSource.DISK

@@ -1,17 +1,17 @@
 """One training step of a rank as the runtime runs it, and the monitor that watches it.
 
 :func:`step_micro_batches` is a rank's step: :func:`trainer.parallel.train_step` plus the
-sample ledger, the step report and rank 0's checkpoint. It yields micro-batch indices and
-the caller does each forward and backward (the user's loop body, through
-:mod:`unicron.train`); :func:`run_step` drives it with the trainee's own loss function, which
-is how the overhead benchmark runs the same step with a :class:`StepMonitor` and bare
-(``monitor=None``) to measure what monitoring costs.
+sample ledger, the step report and the node's checkpoint (one rank per node writes it,
+:mod:`trainer.storage`). It yields micro-batch indices and the caller does each forward and
+backward (the user's loop body, through :mod:`unicron.train`); :func:`run_step` drives it
+with the trainee's own loss function, which is how the overhead benchmark runs the same step
+with a :class:`StepMonitor` and bare (``monitor=None``) to measure what monitoring costs.
 
 The monitor is the worker's in-band telemetry (docs/design.md §3):
 
-- ``WorkerPhase`` when the step enters its own compute, enters the all-reduce, and when rank 0
-  starts a checkpoint — a rank that stops making progress in *compute* is the culprit, its
-  peers that stop in the *collective* are only waiting for it;
+- ``WorkerPhase`` when the step enters its own compute, enters the all-reduce, and when this
+  rank starts writing a checkpoint — a rank that stops making progress in *compute* is the
+  culprit, its peers that stop in the *collective* are only waiting for it;
 - ``StepCompleted`` with ``compute_s``, this rank's forward/backward time before the
   all-reduce; the all-reduce evens out iteration times, so only this shows a straggler;
 - fault directives from the agent, checked once per step at the start of compute.
@@ -38,6 +38,7 @@ from unicron.trainer.channel import Report
 from unicron.trainer.faults import FaultInbox, FaultInjector
 from unicron.trainer.ledger import Ledger, LedgerEntry
 from unicron.trainer.parallel import Scheduler, StepGenerator, StepWork, drive, new_work, train_step
+from unicron.trainer.storage import CheckpointStore
 
 Phase = Literal["compute", "collective", "checkpoint"]
 
@@ -65,6 +66,7 @@ class Trainee:
     reuse it), ``interrupted`` is asked between micro-batches whether a regroup is waiting,
     ``ledger`` records which micro-batches each completed step used, and ``compute`` is the
     loss function :func:`run_step` drives the step with (a user's loop body needs none).
+    ``checkpoints`` is where its checkpoints go (by default its node's directory alone).
     """
 
     launch: WorkerLaunch
@@ -76,6 +78,12 @@ class Trainee:
     ledger: Ledger | None = None
     scheduler: Scheduler | None = None
     compute: MicroBatchLoss | None = None
+    checkpoints: CheckpointStore | None = None
+
+    def store(self) -> CheckpointStore:
+        if self.checkpoints is None:
+            self.checkpoints = CheckpointStore(self.launch.checkpoint_dir)
+        return self.checkpoints
 
     def backward(self, loss: torch.Tensor) -> None:
         """Sum the gradient of the micro-batch just handed out (see ``StepWork.add``)."""
@@ -160,8 +168,9 @@ class StepMonitor:
 def step_micro_batches(
     trainee: Trainee, step: int, monitor: StepMonitor | None
 ) -> StepGenerator[int]:
-    """Train ``step`` and, on rank 0, checkpoint when due; yields the micro-batch indices
-    whose loss the caller hands to ``trainee.backward`` and returns the step's mean loss.
+    """Train ``step`` and write the node's checkpoint when due and this rank claims it; yields
+    the micro-batch indices whose loss the caller hands to ``trainee.backward`` and returns
+    the step's mean loss.
 
     With ``monitor=None`` the step is bare: no timing, no phases, no reports, no drills.
     """
@@ -171,6 +180,8 @@ def step_micro_batches(
     work = trainee.work
     if work is None or work.step != step:
         work = trainee.work = new_work(step, launch.rank, launch.world_size, spec.micro_batches)
+    store = trainee.store()
+    claimed = store.claim_before_step(launch, step)
     loss = yield from train_step(
         trainee.model,
         trainee.optimizer,
@@ -189,11 +200,11 @@ def step_micro_batches(
         trainee.ledger.record(entry)
     if monitor is not None:
         monitor.completed(step, loss, time.perf_counter() - began)
-    if launch.rank == 0 and (step % spec.checkpoint_every == 0 or step == spec.steps):
+    if store.claim_after_step(launch, step, claimed):
         if monitor is not None:
             monitor.phase("checkpoint", step)
         state = checkpoint.capture(trainee.model, trainee.optimizer, step, trainee.scheduler)
-        checkpoint.save(launch.checkpoint_dir, step, state)
+        store.write(launch, step, state)
     return loss
 
 

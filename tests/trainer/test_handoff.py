@@ -7,9 +7,11 @@ from tests.trainer.harness import make_spec
 from unicron.shared.messages import RegroupDirective, Rendezvous
 from unicron.shared.workerchannel import WorkerEnv
 from unicron.trainer.gpt import make_optimizer
-from unicron.trainer.handoff import Holding, Replica, fall_back_to_disk, plan_handoff
+from unicron.trainer.handoff import Holding, Replica, plan_handoff
 from unicron.trainer.model import build_model
 from unicron.trainer.regroup import RegroupInbox, is_peer_failure
+from unicron.trainer.resume import fall_back_to_disk
+from unicron.trainer.storage import CheckpointStore
 
 
 def exactly_once(
@@ -78,9 +80,10 @@ def test_a_rank_without_state_and_no_checkpoint_starts_from_step_zero(tmp_path: 
     spec = make_spec()
     model = build_model(spec.model, spec.seed)
     replica = Replica(model, make_optimizer(model), next_step=1, has_state=False)
-    assert fall_back_to_disk(replica, str(tmp_path)) == "none"
+    store = CheckpointStore(str(tmp_path))
+    assert fall_back_to_disk(replica, store) == "none"
     assert replica.has_state and replica.next_step == 1
-    assert fall_back_to_disk(replica, str(tmp_path)) is None  # it has state now: kept
+    assert fall_back_to_disk(replica, store) is None  # it has state now: kept
 
 
 def directive(generation: int, job_id: str = "job-t") -> RegroupDirective:
