@@ -16,8 +16,8 @@ joins the job's process group (through the agent's store, not ``MASTER_ADDR``). 
 and micro batch, checkpoint interval and seed come from the job spec (``run.spec``); it seeds
 torch with the job seed. :meth:`Run.batches` yields this rank's micro-batches of steps
 ``1..spec.steps`` (see :mod:`trainer.sampling`); after a step's last micro-batch it all-reduces
-the gradients, steps the optimizer (and scheduler), reports the step to the agent and, on rank
-0, writes the checkpoint when due. In between it heals: a lost peer parks this rank with its
+the gradients, steps the optimizer (and scheduler), reports the step to the agent and writes the
+checkpoint when due (one copy per node, and to ``UNICRON_CHECKPOINT_URL`` when set). In between it heals: a lost peer parks this rank with its
 memory until the control plane re-forms the group, a joiner takes the state from a live peer,
 and an interrupted step is completed without losing or repeating a sample.
 
