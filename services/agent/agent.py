@@ -1,10 +1,12 @@
 """The agent's service body: registers the node, heartbeats, and serves commands.
 
-On start it hosts the node's rendezvous store and the workers' local channel, finds the node's
-GPUs, registers the node (``services.agent.heartbeat``) and announces ``node.joined``. The
-heartbeat only needs Redis and the outbox only needs NATS, so either going away stops neither;
-commands arrive on the node's durable consumer, one at a time. Hang detection watches the
-workers' steps for as long as the agent runs.
+On start it hosts the node's rendezvous store at the address peers reach it at
+(``services.agent.address``) and checks that it answers there, hosts the workers' local
+channel, finds the node's GPUs, registers the node (``services.agent.heartbeat``) and announces
+``node.joined``. The heartbeat only needs Redis and the outbox only needs NATS, so either going
+away stops neither; commands arrive on the node's durable consumer, one at a time. Hang
+detection watches the workers' steps for as long as the agent runs, and a heartbeat silent for
+``node_timeout_s`` stops every worker (``services.agent.fence``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import uuid
 
 import structlog
 
+from unicron.services.agent.address import AddressError, advertised_host, check_reachable
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.failures import launch_failure_reports
 from unicron.services.agent.faults import FaultInjector
+from unicron.services.agent.fence import Fence, round_trip
 from unicron.services.agent.gpus import SlotPool, visible_devices
 from unicron.services.agent.hang import HangWatch
 from unicron.services.agent.heartbeat import NodeRegistration
@@ -30,7 +34,7 @@ from unicron.services.agent.registry import build_registry
 from unicron.services.agent.regroup import Regrouper
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.spares import SparePool
-from unicron.services.agent.store import RendezvousStore
+from unicron.services.agent.store import RendezvousStore, StorePortsExhaustedError
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
 from unicron.shared.bus import Bus
 from unicron.shared.identity import WorkerKey
@@ -61,7 +65,9 @@ class Agent:
         self.state = state
         self.boot_id = uuid.uuid4().hex
         self.outbox = Outbox(bus)
-        self.store = RendezvousStore(settings.host, settings.store_port, settings.store_bind_host)
+        self.host = advertised_host(settings.host, settings.nats_url)
+        ports = settings.store_port_choice
+        self.store = RendezvousStore(self.host, ports, settings.store_bind_host)
         # absolute: workers get this path in their launch JSON and may change directory
         socket_path = (settings.data_dir / "agents" / f"{self.node_id}.sock").absolute()
         self.slots = SlotPool()  # filled with the node's devices once run() found them
@@ -92,7 +98,7 @@ class Agent:
             self.slots, self.spares,
         )  # fmt: skip
         self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
-        self.masters = MasterStores(settings.host, self.store.bind_host)
+        self.masters = MasterStores(self.host, self.store.bind_host, ports)
         packages = PackageDirs(bus, settings.data_dir)
         self.preparer = StartPreparer(
             state, packages, self.masters, settings.data_dir / "checkpoints"
@@ -103,20 +109,27 @@ class Agent:
         # a getter: the tests host one store for several agents and swap it in after this
         self.registration = NodeRegistration(
             settings, state, self.outbox, self.boot_id, self.supervisor, self.spares,
-            self.masters, store_port=lambda: self.store.port,
+            self.masters, host=self.host, store_port=lambda: self.store.port,
         )  # fmt: skip
-        self._hang_task: asyncio.Task[None] | None = None
+        self.fence = Fence(
+            self.node_id,
+            settings.node_timeout_s,
+            lambda: self.supervisor.stop_all(settings.stop_wait_s),
+            round_trip(bus),
+        )
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def run(self, stop: asyncio.Event) -> None:
         self.outbox.start()
         try:
-            await self.store.start()
+            await self._host_store()
             # after the store: torch is imported by then, and this needs it
             devices = await asyncio.to_thread(visible_devices)
             self.slots.use(devices)
             await self.channel.start()
             self.spares.start()
-            self._hang_task = asyncio.create_task(self.hangs.run(), name="hang-watch")
+            self._tasks.append(asyncio.create_task(self.hangs.run(), name="hang-watch"))
+            self._tasks.append(asyncio.create_task(self.fence.run(), name="fence"))
             await self._register_first()
             # The detector pings agents to tell a dead node from a network error.
             await self.bus.serve(ping_subject(self.node_id), self._pong)
@@ -132,14 +145,30 @@ class Agent:
         finally:
             await self.close()
 
+    async def _host_store(self) -> None:
+        """Listen, then connect to the advertised address as a peer would: a store that peers
+        cannot reach fails the start here, not every job's first rendezvous."""
+        bind = self.store.bind_host
+        try:
+            port = await self.store.start()
+        except OSError as exc:
+            raise AddressError(
+                f"the rendezvous store cannot listen on {bind} ({exc}): set UNICRON_HOST (or "
+                "UNICRON_STORE_BIND_HOST) to an address of this machine, and UNICRON_STORE_PORT "
+                "or UNICRON_STORE_PORTS to a free port"
+            ) from None
+        fix = "UNICRON_HOST" if bind == self.host else "UNICRON_HOST or UNICRON_STORE_BIND_HOST"
+        await check_reachable(self.host, port, f"{fix}, or open the port in the firewall")
+
     async def _pong(self, _request: bytes) -> bytes:
         return self.boot_id.encode()
 
     async def close(self) -> None:
-        if self._hang_task is not None:  # workers killed on the way out are not hangs
-            self._hang_task.cancel()
+        # workers killed on the way out are not hangs, and the fence has nothing left to do
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._hang_task
+                await task
         await self.spares.close(self.settings.stop_wait_s)
         await self.supervisor.shutdown(self.settings.stop_wait_s)
         await self.channel.close()
@@ -214,8 +243,10 @@ class Agent:
 
     async def _register_first(self) -> None:
         """Register before taking commands; if Redis is away, the heartbeat retries it."""
+        started = self.fence.clock()
         try:
             await asyncio.wait_for(self.heartbeat_once(), timeout=5.0)
+            self.fence.heard(started)
         except Exception as exc:
             log.warning("registration failed; retrying on the next heartbeat", error=repr(exc))
 
@@ -229,9 +260,11 @@ class Agent:
             with contextlib.suppress(TimeoutError):  # the usual case: the tick is due
                 await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))
                 return  # stop was set while we waited
+            started = self.fence.clock()
             try:
                 # Bounded, so a Redis that hangs instead of refusing cannot stall the loop.
                 await asyncio.wait_for(self.heartbeat_once(), timeout=max(interval, 1.0))
+                self.fence.heard(started)
                 outage.ok()
             except Exception as exc:
                 outage.failed(exc)
@@ -244,4 +277,8 @@ async def run(
     """The agent as a ``shared.service.ServiceBody``; settings come from the env by default."""
     settings = settings or AgentSettings()
     structlog.contextvars.bind_contextvars(node_id=settings.node_id)
-    await Agent(settings, bus, state).run(stop)
+    try:
+        await Agent(settings, bus, state).run(stop)
+    except (AddressError, StorePortsExhaustedError) as exc:  # no retry helps: say what to fix
+        log.error("agent cannot start", error=str(exc))
+        raise SystemExit(2) from None

@@ -34,6 +34,7 @@ class NodeRegistration:
         supervisor: Supervisor,
         spares: SparePool,
         masters: MasterStores,
+        host: str,
         store_port: Callable[[], int],
     ) -> None:
         self.settings = settings
@@ -44,6 +45,7 @@ class NodeRegistration:
         self.supervisor = supervisor
         self.spares = spares
         self.masters = masters
+        self.host = host  # the advertised address (services.agent.address)
         self.store_port = store_port
         self.registered = False
 
@@ -54,7 +56,7 @@ class NodeRegistration:
             slots=self.settings.slots,
             used=len(self.supervisor.live()),
             last_heartbeat=now(),
-            host=self.settings.host,
+            host=self.host,
             store_port=self.store_port(),
             boot_id=self.boot_id,
             workers=self.inventory(),
@@ -108,7 +110,7 @@ class NodeRegistration:
             NodeJoined(
                 node_id=self.node_id,
                 slots=self.settings.slots,
-                host=self.settings.host,
+                host=self.host,
                 boot_id=self.boot_id,
             )
         )

@@ -4,10 +4,13 @@ torch's ``env://`` rendezvous with ``TORCHELASTIC_USE_AGENT_STORE=True`` connect
 as a client to ``MASTER_ADDR:MASTER_PORT`` and uses no key prefix, so a generation cannot
 reuse the store of the one before. The first agent that needs one for a (job, generation) wins
 an atomic ``add`` under the generation's prefix in the rendezvous store
-(:mod:`services.agent.store`), hosts a new TCPStore on an OS-assigned port at its advertised
-host and publishes ``host:port`` under that prefix; the other agents wait for the key (bounded,
-in a thread: the store calls block). The hosting agent closes the store when the generation is
-stopped or superseded, or when none of its local workers has run for ``idle_close_s``.
+(:mod:`services.agent.store`), hosts a new TCPStore at its advertised host, on an OS-assigned
+port or the first free one of ``UNICRON_STORE_PORTS``, and publishes ``host:port`` under that
+prefix; the other agents wait for the key (bounded, in a thread: the store calls block). A
+winner that cannot host one (the range is used up) publishes why instead, so every rank's start
+is refused with that reason at once rather than after the wait. The hosting agent closes the
+store when the generation is stopped or superseded, or when none of its local workers has run
+for ``idle_close_s``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from unicron.services.agent.store import host_store
+from unicron.services.agent.store import Ports, StorePortsExhaustedError, host_store
 from unicron.services.agent.workers import Generation
 from unicron.shared.logging import get_logger
 from unicron.shared.messages import Rendezvous
@@ -28,6 +31,11 @@ if TYPE_CHECKING:
 log = get_logger(component="master")
 CLAIM_KEY = "torch-master/claim"
 ADDRESS_KEY = "torch-master/address"
+FAILED = "failed:"  # an address value that says why the winner could not host the store
+
+
+class MasterUnavailableError(RuntimeError):
+    """The generation's master store could not be hosted; the start cannot succeed."""
 
 
 def _client(rendezvous: Rendezvous, timeout_s: float) -> Any:
@@ -47,7 +55,10 @@ def _claim_or_wait(rendezvous: Rendezvous, timeout_s: float) -> tuple[str, int] 
     if int(store.add(CLAIM_KEY, 1)) == 1:
         return None
     store.wait([ADDRESS_KEY], timedelta(seconds=timeout_s))
-    host, _, port = bytes(store.get(ADDRESS_KEY)).decode().rpartition(":")
+    address = bytes(store.get(ADDRESS_KEY)).decode()
+    if address.startswith(FAILED):
+        raise MasterUnavailableError(address.removeprefix(FAILED))
+    host, _, port = address.rpartition(":")
     return host, int(port)
 
 
@@ -57,10 +68,16 @@ def _publish(rendezvous: Rendezvous, address: str, timeout_s: float) -> None:
 
 class MasterStores:
     def __init__(
-        self, host: str, bind_host: str, timeout_s: float = 60.0, idle_close_s: float = 30.0
+        self,
+        host: str,
+        bind_host: str,
+        ports: Ports = 0,
+        timeout_s: float = 60.0,
+        idle_close_s: float = 30.0,
     ) -> None:
         self.host = host
         self.bind_host = bind_host
+        self.ports = ports
         self.timeout_s = timeout_s
         self.idle_close_s = idle_close_s
         self._hosted: dict[Generation, TCPStore] = {}
@@ -82,13 +99,22 @@ class MasterStores:
             found = await asyncio.to_thread(_claim_or_wait, rendezvous, self.timeout_s)
             if found is not None:
                 return found
-            store = await asyncio.to_thread(host_store, self.host, self.bind_host, 0)
+            store = await self._host(job_id, generation, rendezvous)
             self.close(job_id, below_generation=generation)  # an older generation is over
             self._hosted[key] = store
             address = f"{self.host}:{int(store.port)}"
             await asyncio.to_thread(_publish, rendezvous, address, self.timeout_s)
         log.info("master store hosted", job_id=job_id, generation=generation, address=address)
         return self.host, int(store.port)
+
+    async def _host(self, job_id: str, generation: int, rendezvous: Rendezvous) -> TCPStore:
+        try:
+            return await asyncio.to_thread(host_store, self.bind_host, self.ports)
+        except StorePortsExhaustedError as exc:
+            log.error("master store not hosted", job_id=job_id, generation=generation, why=str(exc))
+            failed = f"{FAILED}master store of {job_id} generation {generation}: {exc}"
+            await asyncio.to_thread(_publish, rendezvous, failed, self.timeout_s)
+            raise MasterUnavailableError(failed.removeprefix(FAILED)) from None
 
     def close(self, job_id: str, below_generation: int | None = None) -> None:
         """Close the job's stores of generations below ``below_generation`` (None: all)."""

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from unicron.services.agent.launch import JobContext
-from unicron.services.agent.master import MasterStores
+from unicron.services.agent.master import MasterStores, MasterUnavailableError
 from unicron.services.agent.packages import PackageDirs
 from unicron.services.agent.workers import CommandRejectedError
 from unicron.shared.logging import get_logger
@@ -56,7 +56,7 @@ class StartPreparer:
     async def prepare(self, cmd: StartWorker) -> JobContext | None:
         """The context of the start, or None when the start is stale. Raises
         ``CommandRejectedError`` for a job with no record, ``LaunchRefusedError`` for a package
-        that cannot be had."""
+        that cannot be had or a master store that cannot be hosted."""
         wlog = log.bind(job_id=cmd.job_id, generation=cmd.generation, rank=cmd.rank)
         job = await self.state.get_job(cmd.job_id)
         if job is None:
@@ -76,5 +76,8 @@ class StartPreparer:
                 cwd = await self.packages.directory(cmd.job_id, spec.package)
             except PackageError as exc:
                 raise LaunchRefusedError("PackageError", str(exc)) from exc
-        master = await self.masters.address(cmd.job_id, cmd.generation, cmd.rendezvous)
+        try:
+            master = await self.masters.address(cmd.job_id, cmd.generation, cmd.rendezvous)
+        except MasterUnavailableError as exc:
+            raise LaunchRefusedError("MasterStoreUnavailable", str(exc)) from exc
         return JobContext(spec, checkpoints, job.recoveries, cwd, master)

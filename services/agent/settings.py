@@ -1,8 +1,11 @@
 """Settings of the node agent, from ``UNICRON_*`` environment variables.
 
 ``UNICRON_NODE_ID`` names the node on the bus and in Redis, ``UNICRON_SLOTS`` is how many
-workers it may run, ``UNICRON_HOST`` is the address peers use to reach its rendezvous store and
-``UNICRON_STORE_PORT`` that store's port (0: any free port). ``UNICRON_ENTRYPOINTS`` (JSON)
+workers it may run, ``UNICRON_HOST`` is the address peers use to reach its rendezvous store
+(unset: the local address of the route to NATS, ``services.agent.address``) and
+``UNICRON_STORE_PORT`` that store's port (0: any free port), or ``UNICRON_STORE_PORTS=LO-HI``
+a range for it and the entrypoint jobs' master stores to take the first free ports of, for a
+firewall that opens only those. ``UNICRON_ENTRYPOINTS`` (JSON)
 registers extra trainer entrypoints for this node only; the bus can never add one.
 ``UNICRON_HANG_*`` tune hang detection (``services.agent.hang``).
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 import re
 import socket
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from unicron.shared.settings import CommonSettings
 
@@ -29,10 +32,15 @@ def default_node_id() -> str:
 class AgentSettings(CommonSettings):
     node_id: str = Field(default_factory=default_node_id)
     slots: int = Field(2, ge=0)
-    host: str = "127.0.0.1"
+    host: str | None = Field(
+        None, description="address peers reach this node at; default: the route to NATS"
+    )
     store_port: int = Field(0, ge=0, le=65535)
+    store_ports: str | None = Field(
+        None, description="LO-HI: the stores take the first free ports in it; default: any"
+    )
     store_bind_host: str | None = Field(
-        None, description="address the rendezvous store listens on; default: host"
+        None, description="address the stores listen on; default: host"
     )
     entrypoints: dict[str, str] = Field(
         default_factory=dict, description="extra trainer name → python module for this node"
@@ -63,6 +71,14 @@ class AgentSettings(CommonSettings):
     hang_check_interval_s: float = Field(0.05, gt=0, le=5.0, description="how often to check")
 
     @property
+    def store_port_choice(self) -> int | range:
+        """The range ``UNICRON_STORE_PORTS`` allows, else ``UNICRON_STORE_PORT`` (0: any)."""
+        if self.store_ports is None:
+            return self.store_port
+        low, high = _port_range(self.store_ports)
+        return range(low, high + 1)
+
+    @property
     def spare_count(self) -> int:
         if self.spares is not None:
             return self.spares
@@ -74,3 +90,32 @@ class AgentSettings(CommonSettings):
         if not _NODE_ID.match(value):
             raise ValueError("node_id must be letters, digits, '_' or '-' (no dots)")
         return value
+
+    @field_validator("store_ports")
+    @classmethod
+    def _valid_store_ports(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        low, high = _port_range(value)
+        return f"{low}-{high}"
+
+    @model_validator(mode="after")
+    def _one_way_to_pick_the_port(self) -> AgentSettings:
+        if self.store_ports is not None and "store_port" in self.model_fields_set:
+            raise ValueError(
+                "UNICRON_STORE_PORT and UNICRON_STORE_PORTS are both set: set one port or one range"
+            )
+        return self
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    """``LO-HI`` as two ports, 1 <= LO <= HI <= 65535."""
+    match = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", text)
+    if match is None:
+        raise ValueError(f"UNICRON_STORE_PORTS={text!r} is not a range LO-HI, e.g. 29500-29599")
+    low, high = int(match[1]), int(match[2])
+    if not 1 <= low <= high <= 65535:
+        raise ValueError(
+            f"UNICRON_STORE_PORTS={text!r}: want 1 <= LO <= HI <= 65535, e.g. 29500-29599"
+        )
+    return low, high

@@ -3,12 +3,19 @@
 Workers of every generation meet in it under a per-generation prefix, so a rendezvous
 outlives any worker that dies (docs/design.md §5). The agent binds the listening socket itself and
 hands it to torch, so the store listens on the configured address only — TCPStore alone would
-listen on every interface.
+listen on every interface. By default that is the advertised address (``services.agent.address``),
+an address of this machine whether set or found from the route to NATS; only behind a NAT, where
+the advertised address is not the machine's own, does ``UNICRON_STORE_BIND_HOST`` need setting
+(0.0.0.0 then opens it on every interface).
+
+With ``UNICRON_STORE_PORTS`` the store, and every master store (``services.agent.master``), takes
+the first free port of the range, so a firewall need open only that range.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from typing import TYPE_CHECKING
 
@@ -20,9 +27,15 @@ if TYPE_CHECKING:
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
 log = get_logger(component="store")
+# One port (0: any free one), or a range (``UNICRON_STORE_PORTS``) whose first free port is taken.
+Ports = int | range
 
 
-def _listen(host: str, port: int) -> socket.socket:
+class StorePortsExhaustedError(RuntimeError):
+    """Every port of ``UNICRON_STORE_PORTS`` is taken on this address."""
+
+
+def _listen_on(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -35,14 +48,34 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def host_store(host: str, bind_host: str, port: int) -> TCPStore:
+def _listen(host: str, ports: Ports) -> socket.socket:
+    """A socket listening on the first port of ``ports`` that is free on ``host``."""
+    if isinstance(ports, int):
+        return _listen_on(host, ports)
+    for port in ports:
+        try:
+            return _listen_on(host, port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise StorePortsExhaustedError(
+        f"no free port left in UNICRON_STORE_PORTS={ports.start}-{ports.stop - 1} on {host}: "
+        f"all {len(ports)} are in use (this node's stores or other programs); widen the range",
+    )
+
+
+def host_store(bind_host: str, ports: Ports) -> TCPStore:
     # torch is imported here, not at module level: it costs ~2 s and only this needs it.
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    sock = _listen(bind_host, port)
+    sock = _listen(bind_host, ports)
+    # The store connects a client of its own to this address: the one it listens on, never the
+    # advertised one, where it would retry for its whole 300-s timeout if peers could not reach
+    # it (``services.agent.address`` checks that, with a clear error, once it is up).
+    own = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind_host, bind_host)
     try:
         store = TCPStore(
-            host,
+            own,
             sock.getsockname()[1],
             is_master=True,
             wait_for_workers=False,
@@ -57,10 +90,10 @@ def host_store(host: str, bind_host: str, port: int) -> TCPStore:
 
 
 class RendezvousStore:
-    def __init__(self, host: str, port: int = 0, bind_host: str | None = None) -> None:
+    def __init__(self, host: str, ports: Ports = 0, bind_host: str | None = None) -> None:
         self.host = host
         self.bind_host = bind_host or host
-        self.requested_port = port
+        self.ports = ports
         self._store: TCPStore | None = None
 
     @property
@@ -71,9 +104,7 @@ class RendezvousStore:
 
     async def start(self) -> int:
         """Host the store (in a thread: importing torch and binding block) and return its port."""
-        self._store = await asyncio.to_thread(
-            host_store, self.host, self.bind_host, self.requested_port
-        )
+        self._store = await asyncio.to_thread(host_store, self.bind_host, self.ports)
         log.info("rendezvous store listening", host=self.bind_host, port=self.port)
         return self.port
 

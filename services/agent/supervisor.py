@@ -151,6 +151,13 @@ class Supervisor:
         log.info("stopping workers", job_id=cmd.job_id, count=len(victims), reason=cmd.reason)
         await self._kill_and_wait(victims, wait_s)
 
+    async def stop_all(self, wait_s: float = 5.0) -> int:
+        """SIGKILL every live worker, as a stop does (their exits say the agent stopped them);
+        returns how many. New starts are still taken."""
+        victims = self.live()
+        await self._kill_and_wait(victims, wait_s)
+        return len(victims)
+
     def crash(self, worker: Worker) -> None:
         """SIGKILL a worker as a fault would: its exit is reported as a crash, not a stop."""
         log.warning("crashing worker on request", job_id=worker.key.job_id, pid=worker.proc.pid)
