@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-all lint bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos up clean
+.PHONY: demo test test-multihost test-slow test-all lint bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos up clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ lint: $(STAMP)
 BENCHES := detect overhead plan recover simulate chaos
 $(addprefix bench-,$(BENCHES)): bench-%: $(STAMP)
 	$(BIN)/python bench/$*.py
+
+# Hosts in network namespaces (needs root and iproute2; skipped with the reason otherwise).
+test-multihost: $(STAMP)
+	rm -f .unicron/multihost.json
+	$(BIN)/pytest -m multihost -rs -p no:randomly tests/multihost
+	@cat .unicron/multihost.json 2>/dev/null || echo '{"skipped": "see the reason above"}'
 
 clean:
 	rm -rf .unicron .pytest_cache .mypy_cache .ruff_cache
