@@ -17,9 +17,10 @@ and micro batch, checkpoint interval and seed come from the job spec (``run.spec
 torch with the job seed. :meth:`Run.batches` yields this rank's micro-batches of steps
 ``1..spec.steps`` (see :mod:`trainer.sampling`); after a step's last micro-batch it all-reduces
 the gradients, steps the optimizer (and scheduler), reports the step to the agent and writes the
-checkpoint when due (one copy per node, and to ``UNICRON_CHECKPOINT_URL`` when set). In between it heals: a lost peer parks this rank with its
-memory until the control plane re-forms the group, a joiner takes the state from a live peer,
-and an interrupted step is completed without losing or repeating a sample.
+checkpoint when due (one copy per node, and to ``UNICRON_CHECKPOINT_URL`` when set). In
+between it heals: a lost peer parks this rank with its memory until the control plane re-forms
+the group, a joiner takes the state from a live peer, and an interrupted step is completed
+without losing or repeating a sample.
 
 An exception that ends the script — raised by a step or in the loop body — is classified and
 reported to the agent once, before the process exits 1 (an exception hook installed by
