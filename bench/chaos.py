@@ -6,7 +6,9 @@ job near its end is followed by a fresh one) on as many 2-slot nodes, ``--faults
 faults of every failing kind (crash, exit, exception, hang) injected through the admin API,
 and kill -9 of the api, detector, planner and executor, of one agent, of the embedded NATS and
 of the embedded Redis, each at a seeded moment after a seeded fault, usually while that fault
-is being recovered from (:mod:`bench.chaos_plan`).
+is being recovered from (:mod:`bench.chaos_plan`). With ``--ha`` the stack runs on ``unicron up
+--ha``'s servers, and the server faults are kill -9 of one NATS server of three and of the
+Redis primary (the Sentinels promote the replica): the same checks must hold.
 
 Before the faults, each workload's job runs once failure-free on the same stack. Afterwards,
 from the event stream read from its start and from ``/proc``: each fault must have caused
@@ -16,7 +18,7 @@ process may outlive its assignment, before or after the stack stops; recovery is
 ``transition.completed`` downtime. Prints tables, then one JSON line. The stack's
 data directory (logs in ``stack/logs``) is kept for a post-mortem.
 
-    python bench/chaos.py [--seed 0] [--faults 50] [--jobs 3] [--quick] [--data-dir DIR]
+    python bench/chaos.py [--seed 0] [--faults 50] [--jobs 3] [--quick] [--ha] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from bench.chaos_audit import audit, read_events
 from bench.chaos_drive import JOB_END_TIMEOUT_S, TERMINAL, ChaosDriver
 from bench.chaos_exact import Exactness, compare
 from bench.chaos_kills import ChaosKiller
-from bench.chaos_plan import CONTROL_PLANE, INFRA, WORLD, ChaosPlan, make_plan
+from bench.chaos_plan import CONTROL_PLANE, WORLD, ChaosPlan, is_infra, make_plan
 from bench.chaos_procs import StackProcess, orphan_workers, stack_processes
 from bench.chaos_records import progress
 from bench.chaos_report import ChaosResult, print_tables
@@ -144,7 +146,7 @@ async def chaos(plan: ChaosPlan, data_dir: Path) -> ChaosResult:
     started = time.monotonic()
     config = StackConfig(
         nodes=plan.nodes, slots=WORLD, api_port=free_port(), data_dir=data_dir / "stack",
-        log_level="INFO", extra_env=dict(DRILL_ENV),
+        log_level="INFO", extra_env=dict(DRILL_ENV), ha=plan.ha,
     )  # fmt: skip
     stack = Stack(config)
     try:
@@ -184,7 +186,7 @@ def summary(result: ChaosResult) -> dict[str, Any]:
         "faults_planned": len(result.plan.faults),
         "service_kills": sum(t in CONTROL_PLANE or t.startswith("agent-") for t in targets),
         "agent_kills": sum(t.startswith("agent-") for t in targets),
-        "infra_restarts": sum(t in INFRA for t in targets),
+        "infra_restarts": sum(is_infra(t) for t in targets),
         "jobs": len(jobs),
         "jobs_succeeded": sum(j["state"] == "SUCCEEDED" for j in jobs.values()),
         "jobs_stuck": sum(j["state"] not in TERMINAL for j in jobs.values()),
@@ -203,6 +205,7 @@ def summary(result: ChaosResult) -> dict[str, Any]:
         "node_loss_recovery_max_s": _figure(max(a.agent_recoveries, default=None)),
         "faults_without_spare": sum(not i.warm for i in log.injections),
         "unexpected_exits": len(log.unexpected_exits),
+        "ha": result.plan.ha,
         "seed": result.plan.seed,
         "wall_s": round(result.wall_s, 1),
         "data_dir": str(result.data_dir),
@@ -229,13 +232,18 @@ def main() -> None:
         "--quick", action="store_true",
         help="a short run: a few faults, one control-plane kill, one Redis restart, no agent kill",
     )  # fmt: skip
+    parser.add_argument(
+        "--ha", action="store_true",
+        help="on unicron up --ha's servers: kill one NATS server of three and fail Redis over "
+        "(kill its primary) instead of restarting the single servers",
+    )  # fmt: skip
     parser.add_argument("--data-dir", type=Path, default=None, help="default: a new temp dir")
     args = parser.parse_args()
     faults = args.faults if args.faults is not None else 4 if args.quick else 50
     jobs = args.jobs if args.jobs is not None else 2 if args.quick else 3
     if faults < 1 or not 1 <= jobs <= 16:
         parser.error("--faults must be at least 1 and --jobs between 1 and 16")
-    plan = make_plan(args.seed, faults, jobs, args.quick)
+    plan = make_plan(args.seed, faults, jobs, args.quick, args.ha)
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="unicron-chaos-"))
     result = asyncio.run(chaos(plan, data_dir.resolve()))
     print_tables(result)

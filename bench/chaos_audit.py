@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from bench.chaos_plan import INFRA
+from bench.chaos_plan import is_infra
 from bench.chaos_records import ActionRecord, Injection
 
 Event = dict[str, Any]
@@ -167,7 +167,7 @@ def _overlaps(outcome: FaultOutcome, actions: list[ActionRecord]) -> list[str]:
     found = []
     for a in actions:
         back = a.back_at or a.restarted_at
-        if a.plan.target in INFRA:
+        if is_infra(a.plan.target):
             back += RECONNECT_TAIL_S
         if a.killed_at <= end and back >= start:
             found.append(a.plan.target)

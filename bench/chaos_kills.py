@@ -2,6 +2,9 @@
 planned moment after its fault, then ``Stack.restart_exited`` (Redis and NATS come back on the
 same port and data directory, with their data). A process of the stack that exits without
 the plan killing it is recorded — a finding — and started again, as ``unicron up`` would.
+
+With ``--ha``, the Redis target is whichever server is primary at that moment, and it comes
+back only after the Sentinels promoted its replica, as that replica's replica (shared/redisha.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from bench.chaos_drive import OUTAGE_TIMEOUT_S, POLL_S, RECOVERY_TIMEOUT_S, ChaosDriver
-from bench.chaos_plan import INFRA, ActionPlan
+from bench.chaos_plan import REDIS_PRIMARY, ActionPlan, is_infra
 from bench.chaos_records import ActionRecord, Injection, progress
 
 SUPERVISE_S = 0.5  # how often ``unicron up`` looks for exited children
@@ -66,13 +69,19 @@ class ChaosKiller:
     async def finish(self) -> None:
         await asyncio.gather(*self._tasks)
 
-    def _process(self, target: str) -> subprocess.Popen[bytes]:
+    def _process(self, target: str) -> tuple[str, subprocess.Popen[bytes]]:
+        """The process ``target`` names now, and its name in the stack."""
+        if target == REDIS_PRIMARY:
+            assert self.stack.redis_ha is not None, "a Redis failover needs --ha"
+            primary = self.stack.redis_ha.primary()
+            assert primary is not None, "the Sentinels name no primary"
+            return primary.name, primary.process
         for server in self.stack.servers:
             if server.name == target:
-                return server.process
+                return server.name, server.process
         process = self.stack.children[target].process
         assert process is not None  # every child is started with the stack
-        return process
+        return target, process
 
     async def act(self, action: ActionPlan, after: Injection) -> None:
         await asyncio.sleep(max(0.0, after.at + action.delay_s - time.time()))
@@ -83,7 +92,7 @@ class ChaosKiller:
                 await driver.until(lambda: driver.in_flight == 0, RECOVERY_TIMEOUT_S)
             # No fault is posted while the API cannot answer because of the bench itself: its
             # answer could be lost and the fault's fate unknown.
-            holds_api = action.target == "api" or action.target in INFRA
+            holds_api = action.target == "api" or is_infra(action.target)
             if holds_api:
                 await driver.api_lock.acquire()
             try:
@@ -94,17 +103,19 @@ class ChaosKiller:
                 driver.gate.set()
 
     async def _kill_and_restart(self, action: ActionPlan) -> None:
-        proc = self._process(action.target)
-        self.down.add(action.target)
+        name, proc = self._process(action.target)
+        self.down.add(name)
         killed_at = time.time()
         proc.kill()
-        progress(f"kill -9 {action.target} (down {action.down_s:.2f} s)")
+        progress(f"kill -9 {name} (down {action.down_s:.2f} s)")
         await asyncio.to_thread(proc.wait)
         await asyncio.sleep(action.down_s)
+        if action.target == REDIS_PRIMARY:
+            await self._promoted(name)
         restarted = await asyncio.to_thread(self.stack.restart_exited)
-        self.down.discard(action.target)
+        self.down.discard(name)
         record = ActionRecord(action, killed_at, time.time(), None)
-        record.also_restarted = [name for name in restarted if name != action.target]
+        record.also_restarted = [n for n in restarted if n != name]
         self.log.unexpected_exits += [
             f"{n} (seen at a planned kill)" for n in record.also_restarted
         ]
@@ -124,13 +135,21 @@ class ChaosKiller:
                 ready = (await driver.api.get("/readyz", timeout=0.5)).status_code == 200
             except httpx.TransportError:
                 ready = False
-            if action.target not in INFRA:
+            if not is_infra(action.target):
                 serving = SERVING.get(action.target.split("-")[0], STARTED)
                 ready = ready and started_since(log, since, serving)
             if ready:
                 return True
             await asyncio.sleep(POLL_S)
         return False
+
+    async def _promoted(self, name: str) -> None:
+        """Wait until the Sentinels promoted a replica in place of the killed ``name``."""
+        ha = self.stack.redis_ha
+        assert ha is not None
+        port = next(s.port for s in ha.data if s.name == name)
+        new = await asyncio.to_thread(ha.wait_promoted, port, OUTAGE_TIMEOUT_S)
+        progress(f"redis failover: the primary is now on port {new}")
 
     async def supervise(self) -> None:
         """Until ``stop``: start again what exits without the plan killing it, and record it."""

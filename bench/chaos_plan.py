@@ -30,9 +30,18 @@ EXCEPTION_TEXTS = tuple(EXCEPTIONS[k][0] for k in ("illegal_memory", "cuda", "oo
 EXIT_CODES = (1, 2, 3, 42)  # 1 is the API's default for an ``exit`` drill
 CONTROL_PLANE = ("api", "detector", "planner", "executor")
 INFRA = ("nats-server", "redis-server")
+# With --ha (``unicron up --ha``): one server of the 3-server NATS cluster is killed, and the
+# Redis primary, whichever server that is by then, so that the Sentinels fail over.
+NATS_CLUSTER = 3
+REDIS_PRIMARY = "redis-primary"
 WORLD = 2  # workers per job; a node has as many slots
 TINY_GPT = {"n_layer": 1, "n_head": 2, "d_model": 32, "seq_len": 16, "vocab": 32}
 WORKLOADS = ("gpt", "script")  # the built-in trainer; bench.user_api on unicron.train
+
+
+def is_infra(target: str) -> bool:
+    """Whether ``target`` is a server (NATS or Redis), not a service or an agent."""
+    return target in INFRA or target == REDIS_PRIMARY or target.startswith("nats-")
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,7 @@ class ChaosPlan:
     steps: int  # of every job
     faults: list[FaultPlan]
     actions: list[ActionPlan]
+    ha: bool = False  # on ``unicron up --ha``'s servers
 
     def faults_of(self, lane: int) -> list[FaultPlan]:
         return [f for f in self.faults if f.lane == lane]
@@ -122,7 +132,7 @@ def _actions(rng: random.Random, targets: list[str], faults: list[FaultPlan]) ->
     for target, fault in zip(targets, chosen, strict=False):
         if target.startswith("agent-"):
             down = rng.uniform(1.0, 3.0)
-        elif target in INFRA:
+        elif is_infra(target):
             down = rng.uniform(0.5, 2.0)
         else:  # ``unicron up`` notices an exit within its 0.5-s supervision interval
             down = rng.uniform(0.1, 0.6)
@@ -130,19 +140,22 @@ def _actions(rng: random.Random, targets: list[str], faults: list[FaultPlan]) ->
     return actions
 
 
-def make_plan(seed: int, faults: int, lanes: int, quick: bool) -> ChaosPlan:
-    """The run's schedule; ``quick``: one control-plane kill and a Redis restart, no agent."""
+def make_plan(seed: int, faults: int, lanes: int, quick: bool, ha: bool = False) -> ChaosPlan:
+    """The run's schedule; ``quick``: one control-plane kill and a Redis restart (with ``ha``:
+    a NATS server kill and a Redis failover), no agent."""
     if faults < 1 or lanes < 1:
         raise ValueError("a chaos run needs at least one fault and one job")
     rng = random.Random(seed)
     fault_plans = _faults(rng, faults, lanes)
     nodes = max(lanes, 2)
+    infra = [f"nats-{rng.randrange(NATS_CLUSTER)}", REDIS_PRIMARY] if ha else list(INFRA)
     if quick:
-        targets = [rng.choice(CONTROL_PLANE), "redis-server"]
+        targets = [rng.choice(CONTROL_PLANE), *(infra if ha else ["redis-server"])]
     else:
-        targets = [*CONTROL_PLANE, *INFRA, f"agent-node-{rng.randrange(nodes)}"]
+        targets = [*CONTROL_PLANE, *infra, f"agent-node-{rng.randrange(nodes)}"]
     rng.shuffle(targets)
     # A job takes a fault about every 400 steps here (a warm spare comes back in ~15 s on a
     # busy 2-core machine); the last 300 steps take none (see chaos_drive.END_MARGIN_STEPS).
     steps = 1000 if quick else 2000
-    return ChaosPlan(seed, nodes, lanes, steps, fault_plans, _actions(rng, targets, fault_plans))
+    actions = _actions(rng, targets, fault_plans)
+    return ChaosPlan(seed, nodes, lanes, steps, fault_plans, actions, ha)

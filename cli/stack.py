@@ -4,6 +4,11 @@
 Every child dies with this process, and a service, agent or embedded server that exits
 unexpectedly is started again (with back-off, see :mod:`cli.restarts`); Redis and NATS come
 back on the same port and data directory, with what they had stored.
+
+``unicron up --ha`` starts a control plane that survives losing a server instead: three
+clustered NATS servers with the streams on all three (shared/natscluster.py), and a Redis
+primary, its replica and three Sentinels (shared/redisha.py). A Redis server that died comes
+back as the replica of whichever one the Sentinels promoted meanwhile.
 """
 
 from __future__ import annotations
@@ -23,11 +28,19 @@ import httpx
 
 from unicron.cli.restarts import RestartBackoff
 from unicron.shared.credentials import StackLogins, load_or_create
-from unicron.shared.embedded import EmbeddedServer, EmbeddedServerError, start_nats, start_redis
+from unicron.shared.embedded import (
+    EmbeddedServer,
+    EmbeddedServerError,
+    RestartDeferred,
+    start_nats,
+    start_redis,
+)
 from unicron.shared.logging import get_logger
 from unicron.shared.natsauth import ServiceRole, ServiceUser, stack_users
+from unicron.shared.natscluster import cluster_url, start_nats_cluster
 from unicron.shared.natslogin import NatsAccess
 from unicron.shared.procs import die_with_parent
+from unicron.shared.redisha import MASTER_NAME, RedisHa, start_redis_ha
 from unicron.shared.settings import CommonSettings
 
 log = get_logger(component="stack")
@@ -51,6 +64,7 @@ class StackConfig:
     data_dir: Path = Path(".unicron")
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
+    ha: bool = False  # a NATS cluster and a Redis with a replica and Sentinels
 
 
 @dataclass
@@ -72,6 +86,8 @@ class Stack:
         self.redis_url = config.redis_url or ""
         self.node_ids = [f"node-{index}" for index in range(config.nodes)]
         self.logins: StackLogins | None = None  # docs/design.md §11
+        self.redis_ha: RedisHa | None = None
+        self.servers_env: dict[str, str] = {}  # how the children find --ha's servers
 
     @property
     def api_url(self) -> str:
@@ -86,6 +102,7 @@ class Stack:
             UNICRON_API_PORT=str(self.config.api_port),
             UNICRON_LOG_LEVEL=self.config.log_level,
         )
+        env.update(self.servers_env)
         env.update(self.config.extra_env)
         env.update(extra)
         return env
@@ -113,12 +130,25 @@ class Stack:
         if not self.nats_url:
             tls = self.logins.serve_nats(CommonSettings())
             nats = self.logins.credentials.nats_logins(users)
-            self.servers.append(start_nats(self.data_dir / "nats", logins=nats, tls=tls))
-            self.nats_url = self.servers[-1].url
+            if self.config.ha:
+                cluster = start_nats_cluster(self.data_dir / "nats-ha", logins=nats, tls=tls)
+                self.servers += cluster
+                self.nats_url = cluster_url(cluster)
+                self.servers_env["UNICRON_STREAM_REPLICAS"] = str(len(cluster))
+            else:
+                self.servers.append(start_nats(self.data_dir / "nats", logins=nats, tls=tls))
+                self.nats_url = self.servers[-1].url
         if not self.redis_url:
             redis = self.logins.credentials.redis_logins(users)
-            self.servers.append(start_redis(self.data_dir / "redis", logins=redis))
-            self.redis_url = self.logins.redis_url = self.servers[-1].url
+            if self.config.ha:
+                self.redis_ha = start_redis_ha(self.data_dir / "redis-ha", logins=redis)
+                self.servers += self.redis_ha.servers
+                self.redis_url = self.logins.redis_url = self.redis_ha.login_url
+                self.servers_env["UNICRON_REDIS_SENTINELS"] = self.redis_ha.sentinels_setting
+                self.servers_env["UNICRON_REDIS_MASTER"] = MASTER_NAME
+            else:
+                self.servers.append(start_redis(self.data_dir / "redis", logins=redis))
+                self.redis_url = self.logins.redis_url = self.servers[-1].url
 
     def instance_env(self, name: str) -> dict[str, str]:
         """This stack runs one planner at a time and restarts it when it dies: a restarted one
@@ -218,6 +248,9 @@ class Stack:
             return False
         try:
             start()
+        except RestartDeferred as exc:  # a Redis waiting for the Sentinels' promotion: asked
+            log.debug("restart deferred", name=name, reason=str(exc))  # again next tick
+            return False
         except EmbeddedServerError as exc:  # e.g. its port was taken meanwhile: try later
             log.error("restart failed", name=name, exit_code=code, error=str(exc))
             self.backoff.started(name)

@@ -17,8 +17,11 @@ from unicron.shared.credentials import CREDENTIALS_FILE
 def _print_endpoints(console: Console, stack: Stack) -> None:
     table = Table(title="Unicron is up", show_header=False)
     table.add_row("API", stack.api_url)
-    table.add_row("NATS", stack.nats_url)
-    table.add_row("Redis", stack.redis_url)
+    table.add_row("NATS", stack.nats_url.replace(",", "\n"))
+    if stack.redis_ha is not None:
+        table.add_row("Redis Sentinels", stack.redis_ha.sentinels_setting.replace(",", "\n"))
+    else:
+        table.add_row("Redis", stack.redis_url)
     table.add_row("nodes", f"{stack.config.nodes} x {stack.config.slots} slots")
     table.add_row("logs", str(stack.data_dir / "logs"))
     if stack.logins is not None:
@@ -38,10 +41,18 @@ def up(
     ] = None,
     api_port: Annotated[int, typer.Option(envvar="UNICRON_API_PORT")] = 8080,
     data_dir: Annotated[Path, typer.Option(envvar="UNICRON_DATA_DIR")] = Path(".unicron"),
+    ha: Annotated[
+        bool,
+        typer.Option(
+            "--ha",
+            help="3 clustered NATS servers and a Redis primary, replica and 3 Sentinels: "
+            "the control plane survives losing any one server",
+        ),
+    ] = False,
 ) -> None:
     """Run the whole stack in the foreground."""
     console = Console()
-    config = StackConfig(nodes, slots, nats_url, redis_url, api_port, data_dir)
+    config = StackConfig(nodes, slots, nats_url, redis_url, api_port, data_dir, ha=ha)
     stack = Stack(config)
     try:
         stack.start()

@@ -5,6 +5,11 @@ durable left off and several instances of one service share the work. A message 
 after its handler returned; one that cannot be parsed, or whose handler keeps failing, is
 published to ``unicron.deadletter`` and terminated — the service never crashes on bad input
 (:mod:`shared.delivery`).
+
+With a NATS cluster (``UNICRON_NATS_URL`` naming several servers) the client fails over to
+another server by itself, and the streams keep every message on ``UNICRON_STREAM_REPLICAS``
+servers: a publish is acknowledged once a majority of them stored it, so losing one server of
+three loses nothing acknowledged (docs/design.md §6). The durable consumers inherit the count.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from unicron.shared.delivery import PARSE_ERRORS, Delivery, consumer_config
 from unicron.shared.events import CloudEvent
@@ -29,13 +34,8 @@ from unicron.shared.natslogin import NatsAccess, open_client
 from unicron.shared.outage import Outage
 from unicron.shared.packages import get_package, has_package, put_package
 from unicron.shared.ports import EventBus
-from unicron.shared.streams import (
-    ALL_EVENTS,
-    EVENTS_STREAM,
-    REPORTS_MAX_AGE_S,
-    REPORTS_STREAM,
-    STREAMS,
-)
+from unicron.shared.streams import ALL_EVENTS, EVENTS_STREAM, STREAMS
+from unicron.shared.streamsetup import NOT_READY, ensure_streams
 
 __all__ = ["STREAMS", "Bus", "parse_event"]
 log = get_logger(component="bus")
@@ -50,10 +50,14 @@ def parse_event(raw: bytes) -> CloudEvent:
 
 
 class Bus(EventBus):
-    def __init__(self, nc: NatsClient, js: JetStreamContext, source: str) -> None:
+    def __init__(
+        self, nc: NatsClient, js: JetStreamContext, source: str, replicas: int | None = None
+    ) -> None:
         super().__init__(source)
         self.nc = nc
         self.js = js
+        # On how many servers the streams this bus creates live; None: 1, or as they are.
+        self.replicas = replicas
         self._subs: list[Any] = []
         self._deliveries: list[Delivery[Any]] = []
         self.link_outage = Outage("nats connection", component="bus", source=source)
@@ -65,24 +69,50 @@ class Bus(EventBus):
         source: str,
         connect_timeout_s: float = 30.0,
         access: NatsAccess | None = None,
+        replicas: int | None = None,
     ) -> Bus:
-        """Log in as ``access`` (anonymous without) and make sure the streams exist.
+        """Log in as ``access`` (anonymous without) to any server of ``url`` (one, or several
+        comma-separated) and make sure the streams exist.
 
         Raises :class:`CredentialsError` at once when the server refuses the login, and
         ``TimeoutError`` when it is not reached within ``connect_timeout_s``. Only a role that
-        manages streams creates them; another waits for them (docs/design.md §11).
+        manages streams creates them, on ``replicas`` servers (default:
+        ``UNICRON_STREAM_REPLICAS`` if set, else existing streams keep theirs,
+        :mod:`shared.streamsetup`); another waits for them (docs/design.md §11).
         """
         access = access or NatsAccess()
+        if replicas is None:
+            from unicron.shared.settings import CommonSettings  # it imports the login modules
+
+            settings = CommonSettings()
+            if "stream_replicas" in settings.model_fields_set:
+                replicas = settings.stream_replicas
         # nats-py's default logs a traceback per reconnect attempt while the server is away.
         link = Outage("nats connection", component="bus", source=source)
         nc = await open_client(url, source, connect_timeout_s, access, link)
-        bus = cls(nc, nc.jetstream(), source)
+        bus = cls(nc, nc.jetstream(), source, replicas)
         bus.link_outage = link
         if access.manages_streams:
-            await bus.ensure_streams()
+            await bus._ensure_streams_within(connect_timeout_s)
         else:
             await bus.await_streams(connect_timeout_s)
         return bus
+
+    async def _ensure_streams_within(self, timeout_s: float) -> None:
+        """:meth:`ensure_streams`, retried while JetStream is not ready: a cluster just started
+        (or one that lost its leader) answers nothing until its servers elected one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.ensure_streams()
+                self.link_outage.ok()
+                return
+            except NOT_READY as exc:
+                if time.monotonic() >= deadline:
+                    await self.close()
+                    raise TimeoutError(f"JetStream not ready in {timeout_s:g}s: {exc}") from exc
+                self.link_outage.failed(exc)
+            await self.link_outage.pause()
 
     @property
     def connected(self) -> bool:
@@ -90,13 +120,9 @@ class Bus(EventBus):
         return self.nc.is_connected
 
     async def ensure_streams(self) -> None:
-        for name, subjects in STREAMS.items():
-            max_age = REPORTS_MAX_AGE_S if name == REPORTS_STREAM else None
-            config = StreamConfig(name=name, subjects=subjects, max_age=max_age)
-            try:
-                await self.js.add_stream(config)
-            except BadRequestError:
-                await self.js.update_stream(config)
+        """Create the streams and the packages' bucket on this bus's replica count, or bring
+        existing ones to it (:mod:`shared.streamsetup`)."""
+        await ensure_streams(self.js, self.replicas)
 
     async def await_streams(self, timeout_s: float) -> None:
         """Wait until the stream manager (the API) has created every stream."""

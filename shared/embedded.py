@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,10 @@ class EmbeddedServerError(RuntimeError):
     pass
 
 
+class RestartDeferred(EmbeddedServerError):
+    """Not now: the server must wait before it starts again (a supervisor tries later)."""
+
+
 @dataclass
 class EmbeddedServer:
     name: str
@@ -34,11 +38,16 @@ class EmbeddedServer:
     process: subprocess.Popen[bytes]
     cmd: list[str]
     log: Path
+    # Called before a restart, may change ``cmd`` (a Redis that must come back as a replica)
+    # or raise :class:`RestartDeferred` (shared/redisha.py).
+    prepare: Callable[[EmbeddedServer], None] | None = None
 
     def restart(self, timeout_s: float = 15.0) -> None:
         """Start the server again with the same command: same port, same data directory."""
         self.stop()
-        fresh = _spawn(self.name, self.cmd, self.port, self.url, self.log, timeout_s)
+        if self.prepare is not None:
+            self.prepare(self)
+        fresh = spawn_server(self.name, self.cmd, self.port, self.url, self.log, timeout_s)
         self.process = fresh.process
 
     def stop(self) -> None:
@@ -85,7 +94,7 @@ def _wait_listening(server: EmbeddedServer, timeout_s: float) -> EmbeddedServer:
     raise EmbeddedServerError(f"{server.name} did not listen on {server.port} in {timeout_s}s")
 
 
-def _spawn(
+def spawn_server(
     name: str, cmd: list[str], port: int, url: str, log: Path, timeout_s: float = 15.0
 ) -> EmbeddedServer:
     with log.open("ab") as out:
@@ -117,25 +126,34 @@ def start_nats(
         write_private(config, render_server_config(logins, f"127.0.0.1:{port}", store, tls))
         cmd = [nats_server_binary(), "-c", str(config)]
     url = f"{scheme}://127.0.0.1:{port}"
-    return _spawn("nats-server", cmd, port, url, workdir / "nats.log")
+    return spawn_server("nats-server", cmd, port, url, workdir / "nats.log")
 
 
 def start_redis(
-    workdir: Path, port: int | None = None, logins: Sequence[tuple[ServiceUser, str]] = ()
+    workdir: Path,
+    port: int | None = None,
+    logins: Sequence[tuple[ServiceUser, str]] = (),
+    extra_args: Sequence[str] = (),
+    extra_acl: str = "",
+    name: str = "redis-server",
+    config_file: Path | None = None,
 ) -> EmbeddedServer:
     """Redis with its append-only file in ``workdir``: at most a second of writes is lost on a
     kill -9, and a server started again on the same ``workdir`` loads the rest. With
-    ``logins``, an ACL file there (mode 0600) admits only those users (shared/redisauth.py)."""
+    ``logins``, an ACL file there (mode 0600) admits only those users (shared/redisauth.py),
+    and ``extra_acl``'s lines (shared/redisha.py's replication user). ``extra_args`` are more
+    ``--option value`` pairs (a replica's ``--replicaof``), over ``config_file``'s."""
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     binary = redis_server_binary()
     acl: list[str] = []
     if logins:
         acl_file = workdir / "users.acl"
-        write_private(acl_file, render_acl(logins, read_only_keys_supported(binary)))
+        write_private(acl_file, render_acl(logins, read_only_keys_supported(binary)) + extra_acl)
         acl = ["--aclfile", str(acl_file)]
     cmd = [
         binary,
+        *([str(config_file)] if config_file is not None else []),
         "--port", str(port),
         "--bind", "127.0.0.1",
         "--save", "",  # the AOF is the durable copy; RDB snapshots would only add forks
@@ -143,5 +161,7 @@ def start_redis(
         "--appendfsync", "everysec",
         "--dir", str(workdir),
         *acl,
+        *extra_args,
     ]  # fmt: skip
-    return _spawn("redis-server", cmd, port, f"redis://127.0.0.1:{port}/0", workdir / "redis.log")
+    url = f"redis://127.0.0.1:{port}/0"
+    return spawn_server(name, cmd, port, url, workdir / "redis.log")

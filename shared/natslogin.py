@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from unicron.shared.logging import get_logger
 from unicron.shared.natsauth import CredentialsError, ServiceUser, inbox_prefix
 from unicron.shared.outage import Outage
+from unicron.shared.servers import nats_servers
 
 log = get_logger(component="bus")
 DRAIN_TIMEOUT_S = 2.0  # a shutdown must not wait 30 s (nats-py's default) on a drain
@@ -101,7 +102,8 @@ async def open_client(
         name=source, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
         drain_timeout=DRAIN_TIMEOUT_S, error_cb=on_error, reconnected_cb=on_reconnected,
     )  # fmt: skip
-    connecting = asyncio.ensure_future(nc.connect(url, **options, **access.options()))
+    servers = nats_servers(url)  # one, or a cluster's, any of which will do
+    connecting = asyncio.ensure_future(nc.connect(servers, **options, **access.options()))
     await asyncio.wait({connecting, refused}, timeout=timeout_s, return_when="FIRST_COMPLETED")
     if connecting.done():
         connecting.result()  # its own error, if it raised one

@@ -19,12 +19,14 @@ import time
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 import redis.exceptions
 
 from unicron.shared.logging import get_logger
 
 # What a client raises while its server is down or unreachable; a JetStream request times out
-# or finds no responder while the server restarts.
+# or finds no responder while the server restarts, and a stream that lost its leader with a
+# clustered server answers 503 (no response from the stream) until the others elected one.
 STORE_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
@@ -39,6 +41,8 @@ BUS_ERRORS: tuple[type[Exception], ...] = (
     nats.errors.OutboundBufferLimitError,
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
 )
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     *STORE_ERRORS,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from unicron.shared.jobindex import JOB_RETENTION_S
 from unicron.shared.natsauth import CredentialsError, NatsTls
 from unicron.shared.natslogin import NatsAccess
+from unicron.shared.servers import SentinelTarget, parse_sentinels
 
 # Where deploy/compose.yaml mounts a service's own credentials (later files win over .env;
 # real environment variables win over both).
@@ -25,7 +26,12 @@ class CommonSettings(BaseSettings):
         env_prefix="UNICRON_", env_file=(".env", SECRETS_ENV_FILE), extra="ignore"
     )
 
+    # One server, or a cluster's servers comma-separated (checked where the client connects,
+    # shared/servers.py: a validator's message would repeat a password in the URL).
     nats_url: str = "nats://127.0.0.1:4222"
+    # On how many NATS servers each stream keeps its messages: 3 with a 3-server cluster, so
+    # that losing any one server loses nothing acknowledged (shared/bus.py).
+    stream_replicas: int = Field(1, ge=1, le=5)
     # This process's NATS login; unset: anonymous, which only a development server accepts.
     nats_user: str | None = None
     nats_password: SecretStr | None = None
@@ -36,6 +42,10 @@ class CommonSettings(BaseSettings):
     nats_tls_key: Path | None = None
     # With an ACL'd Redis: redis://USER:PASSWORD@HOST:PORT/DB.
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # host:port,host:port,...: find the primary through these Sentinels instead of at
+    # redis_url's host (whose user, password and database still count; shared/sentinel.py).
+    redis_sentinels: str | None = None
+    redis_master: str = Field("unicron", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     data_dir: Path = Path(".unicron")
     log_level: str = "INFO"
     log_format: str = "console"
@@ -44,6 +54,21 @@ class CommonSettings(BaseSettings):
     # How long a finished job stays readable and listed after it ended; then its record
     # expires (every service that writes jobs sets it). Running and pending jobs never expire.
     job_retention_s: float = Field(JOB_RETENTION_S, gt=0, le=10 * 365 * 86400, allow_inf_nan=False)
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, value: str | None) -> str | None:
+        if value is not None and value.strip():
+            parse_sentinels(value)  # its ValueError names the bad entry
+            return value
+        return None
+
+    @property
+    def redis_sentinel(self) -> SentinelTarget | None:
+        """Where to find the Redis primary, when Sentinels watch it; None: at redis_url."""
+        if self.redis_sentinels is None:
+            return None
+        return SentinelTarget(tuple(parse_sentinels(self.redis_sentinels)), self.redis_master)
 
     @property
     def node_timeout_s(self) -> float:

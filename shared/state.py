@@ -3,6 +3,15 @@
 Records are JSON documents of the models in :mod:`shared.models` and :mod:`shared.plans`,
 changed through :class:`shared.records.RedisRecords`; jobs are indexed for paging and expire
 after their retention once finished (:mod:`shared.jobindex`).
+
+With Sentinels configured (``UNICRON_REDIS_SENTINELS``), the store talks to whichever server is
+primary (:mod:`shared.sentinel`) and a failover is an outage of a second or two that the
+services' retries ride out. Nothing the store reported as written is lost in it: every write
+returns only once the replica has it (``WAIT``, :mod:`shared.replicated`), in one place, the
+client, so records, indexes, guards, plans, counters and leases are all covered. That is chosen
+over re-deriving lost writes because most are not re-derivable without a full rebuild: the
+``once`` guards, the fencing epochs and the plan sequence would silently go backwards. Without
+Sentinels (one server), writes are as before: no replica, no ``WAIT``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from unicron.shared.lease import Lease, current_epoch
 from unicron.shared.models import Job, NodeRecord
 from unicron.shared.plans import Plan
 from unicron.shared.records import Mutation, RedisRecords, connect_redis, parse_each
+from unicron.shared.sentinel import connect_sentinel, sentinel_from_environment
+from unicron.shared.servers import SentinelTarget
 
 # KEYS[1] a counter; ARGV[1] its floor. Raises the counter to the floor, never lowers it.
 _RAISE = """
@@ -69,9 +80,20 @@ class StateStore(RedisRecords):
 
     @classmethod
     async def connect(
-        cls, url: str, connect_timeout_s: float = 30.0, job_retention_s: float = JOB_RETENTION_S
+        cls,
+        url: str,
+        connect_timeout_s: float = 30.0,
+        job_retention_s: float = JOB_RETENTION_S,
+        sentinel: SentinelTarget | None = None,
     ) -> StateStore:
-        return cls(await connect_redis(url, connect_timeout_s), job_retention_s=job_retention_s)
+        """Connect as ``url`` says; through ``sentinel``'s Sentinels when given, else those of
+        ``UNICRON_REDIS_SENTINELS`` if set (then ``url``'s host is not used)."""
+        target = sentinel or sentinel_from_environment()
+        if target is None:
+            client = await connect_redis(url, connect_timeout_s)
+        else:
+            client = await connect_sentinel(url, target, connect_timeout_s)
+        return cls(client, job_retention_s=job_retention_s)
 
     # --- jobs ------------------------------------------------------------------------------
 
