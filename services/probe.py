@@ -14,9 +14,9 @@ import sys
 
 from unicron.shared.natslogin import open_client
 from unicron.shared.outage import Outage
-from unicron.shared.records import connect_redis
 from unicron.shared.redisauth import redacted
 from unicron.shared.settings import CommonSettings
+from unicron.shared.state import StateStore
 
 TIMEOUT_S = 3.0  # each server; the probe's own timeout in the manifests leaves room for both
 
@@ -34,11 +34,13 @@ async def _nats(settings: CommonSettings) -> str | None:
 
 
 async def _redis(settings: CommonSettings) -> str | None:
-    try:
-        client = await connect_redis(settings.redis_url, TIMEOUT_S)
+    try:  # through the Sentinels when the service would use them
+        store = await StateStore.connect(
+            settings.redis_url, TIMEOUT_S, sentinel=settings.redis_sentinel
+        )
     except Exception as exc:
         return f"redis at {redacted(settings.redis_url)}: {type(exc).__name__}: {exc}"
-    await client.aclose()
+    await store.close()
     return None
 
 

@@ -15,6 +15,8 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ValidationError
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, WatchError
 from tenacity import retry, retry_if_not_exception_type, stop_after_delay, wait_exponential
 
@@ -27,7 +29,11 @@ _unreadable: set[tuple[str, str]] = set()
 
 
 async def connect_redis(url: str, connect_timeout_s: float) -> aioredis.Redis:
-    client = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=10)
+    # No retries inside redis-py: its loop can swallow a cancel that lands mid-command, so a
+    # cancelled task runs on; the services' own retries (shared/outage.py) take over.
+    client = aioredis.Redis.from_url(
+        url, decode_responses=True, health_check_interval=10, retry=Retry(NoBackoff(), 0)
+    )
 
     # a refused login or ACL never heals by waiting: it is the caller's clear error at once
     @retry(

@@ -53,7 +53,7 @@ def sentinel_client(url: str, target: SentinelTarget) -> aioredis.Redis:
     """A client of ``target``'s primary, logged in as ``url`` says; it connects lazily."""
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(target.sentinels),
-        sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT_S},
+        sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT_S, "password": target.password},
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=COMMAND_TIMEOUT_S,
     )

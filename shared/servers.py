@@ -7,7 +7,7 @@ Kept free of client imports: the settings and the NATS login both parse with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 _SCHEMES = ("nats", "tls")
@@ -58,3 +58,5 @@ class SentinelTarget:
     master: str = "unicron"
     # Replicas that must confirm each write before it counts as done (shared/replicated.py).
     replicas: int = 1
+    # The Sentinels' own password (their requirepass), when they ask for one.
+    password: str | None = field(default=None, repr=False)

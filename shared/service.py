@@ -29,7 +29,12 @@ async def serve(name: str, settings: CommonSettings, body: ServiceBody) -> None:
         # Side by side: a restarted service is back on the path of a recovery a round trip
         # sooner (docs/design.md §6).
         bus, state = await asyncio.gather(
-            Bus.connect(settings.nats_url, f"unicron/{name}", access=settings.nats_access),
+            Bus.connect(
+                settings.nats_url,
+                f"unicron/{name}",
+                access=settings.nats_access,
+                replicas=settings.replicas_asked,
+            ),
             _connect_state(settings),
         )
     except CredentialsError as exc:  # retrying cannot help: say what to fix, and exit
@@ -46,7 +51,11 @@ async def serve(name: str, settings: CommonSettings, body: ServiceBody) -> None:
 
 async def _connect_state(settings: CommonSettings) -> StateStore:
     await check_login(settings.redis_url)
-    return await StateStore.connect(settings.redis_url, job_retention_s=settings.job_retention_s)
+    return await StateStore.connect(
+        settings.redis_url,
+        job_retention_s=settings.job_retention_s,
+        sentinel=settings.redis_sentinel,
+    )
 
 
 def run_service(name: str, settings: CommonSettings, body: ServiceBody) -> None:

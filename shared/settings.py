@@ -46,6 +46,7 @@ class CommonSettings(BaseSettings):
     # redis_url's host (whose user, password and database still count; shared/sentinel.py).
     redis_sentinels: str | None = None
     redis_master: str = Field("unicron", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    redis_sentinel_password: SecretStr | None = None
     data_dir: Path = Path(".unicron")
     log_level: str = "INFO"
     log_format: str = "console"
@@ -64,11 +65,22 @@ class CommonSettings(BaseSettings):
         return None
 
     @property
+    def replicas_asked(self) -> int | None:
+        """``UNICRON_STREAM_REPLICAS`` when set; None: existing streams keep theirs (a tool run
+        with a bare environment must not shrink a cluster's streams to one server)."""
+        return self.stream_replicas if "stream_replicas" in self.model_fields_set else None
+
+    @property
     def redis_sentinel(self) -> SentinelTarget | None:
         """Where to find the Redis primary, when Sentinels watch it; None: at redis_url."""
         if self.redis_sentinels is None:
             return None
-        return SentinelTarget(tuple(parse_sentinels(self.redis_sentinels)), self.redis_master)
+        password = self.redis_sentinel_password
+        return SentinelTarget(
+            tuple(parse_sentinels(self.redis_sentinels)),
+            self.redis_master,
+            password=password.get_secret_value() if password else None,
+        )
 
     @property
     def node_timeout_s(self) -> float:

@@ -26,6 +26,7 @@ from unicron.shared.outage import is_outage
 from unicron.shared.redisauth import login_url
 from unicron.shared.redisha import RedisHa, start_redis_ha
 from unicron.shared.replicated import ReplicatedRedis
+from unicron.shared.sentinel import sentinel_client
 from unicron.shared.servers import SentinelTarget
 from unicron.shared.settings import CommonSettings
 from unicron.shared.state import StateStore
@@ -195,3 +196,16 @@ def test_sentinels_in_the_settings_are_where_the_store_connects(
     monkeypatch.setenv("UNICRON_REDIS_MASTER", "prod")
     target = CommonSettings().redis_sentinel
     assert target == SentinelTarget((("10.0.0.1", 26379), ("10.0.0.2", 26379)), "prod")
+
+
+def test_a_sentinel_password_reaches_the_sentinels_and_no_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("UNICRON_REDIS_SENTINELS", "10.0.0.1:26379")
+    monkeypatch.setenv("UNICRON_REDIS_SENTINEL_PASSWORD", "s3ntinel-secret")
+    target = CommonSettings().redis_sentinel
+    assert target is not None and target.password == "s3ntinel-secret"
+    assert "s3ntinel-secret" not in repr(target) + repr(CommonSettings())
+    client = sentinel_client("redis://unicron:pw@ignored:6379/0", target)
+    sentinel_pool = client.connection_pool.sentinel_manager.sentinels[0].connection_pool
+    assert sentinel_pool.connection_kwargs["password"] == "s3ntinel-secret"

@@ -135,6 +135,11 @@ def test_nats_is_three_servers_with_jetstream() -> None:
     routes = re.findall(r"nats-(\d)\.nats-headless:6222", text)
     assert sorted(routes) == ["0", "1", "2"]
     assert "nats-headless" in _objects("Service")
+    settings = _settings()  # the services know every server, and replicate every stream
+    assert sorted(re.findall(r"nats-(\d)\.nats-headless", settings["UNICRON_NATS_URL"])) == [
+        "0", "1", "2",
+    ]  # fmt: skip
+    assert settings["UNICRON_STREAM_REPLICAS"] == "3"
 
 
 @needs_kubectl
@@ -142,7 +147,18 @@ def test_redis_has_a_replica_and_three_sentinels() -> None:
     statefulsets = _objects("StatefulSet")
     assert statefulsets["redis"]["spec"]["replicas"] == 2
     assert statefulsets["redis-sentinel"]["spec"]["replicas"] == 3
-    assert "redis" in _objects("Service")  # the host in every UNICRON_REDIS_URL
+    sentinels = _settings()["UNICRON_REDIS_SENTINELS"]  # the services find the primary there
+    assert sorted(re.findall(r"redis-sentinel-(\d)\.redis-sentinel-headless:26379", sentinels)) == [
+        "0", "1", "2",
+    ]  # fmt: skip
+    for workload, container, _ in _unicron_workloads():  # and log in to the Sentinels
+        names = {e["name"] for e in container.get("env", [])}
+        assert "UNICRON_REDIS_SENTINEL_PASSWORD" in names, workload["metadata"]["name"]
+
+
+def _settings() -> dict[str, str]:
+    [config] = [c for n, c in _objects("ConfigMap").items() if n.startswith("unicron-settings")]
+    return dict(config["data"])
 
 
 @needs_kubectl

@@ -47,11 +47,18 @@ def _lifespan(settings: ApiSettings) -> Any:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         timeout = settings.api_connect_timeout_s
         bus = await Bus.connect(
-            settings.nats_url, "unicron/api", timeout, access=settings.nats_access
+            settings.nats_url,
+            "unicron/api",
+            timeout,
+            access=settings.nats_access,
+            replicas=settings.replicas_asked,
         )
         await check_login(settings.redis_url)
         store = await StateStore.connect(
-            settings.redis_url, connect_timeout_s=timeout, job_retention_s=settings.job_retention_s
+            settings.redis_url,
+            connect_timeout_s=timeout,
+            job_retention_s=settings.job_retention_s,
+            sentinel=settings.redis_sentinel,
         )
         app.state.bus, app.state.store = bus, store
         log.info("api connected", nats=settings.nats_url, redis=redacted(settings.redis_url))

@@ -54,6 +54,7 @@ TRIGGERS = frozenset(
 RECONCILE = "reconcile"
 
 log = get_logger(component="planner")
+CANCEL_WAIT_S = 5.0
 
 
 class Planner:
@@ -139,9 +140,7 @@ class Planner:
         finally:
             for task in tasks:
                 task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _settle(tasks)
             with contextlib.suppress(Exception):
                 await term_bus.close()
         if not stop.is_set():
@@ -241,3 +240,16 @@ def planner_body(settings: PlannerSettings) -> ServiceBody:
         await Planner(bus, state, settings).run(stop)
 
     return body
+
+
+async def _settle(tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for cancelled tasks, a bounded time: a client library can swallow a cancel that
+    lands mid-command, and a planner waiting on such a task would never stand by or plan again."""
+    if not tasks:
+        return
+    done, stuck = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
+    for task in stuck:
+        log.error("planner task ignored its cancel; left behind", task=task.get_name())
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("planner task failed", error=repr(task.exception()))
