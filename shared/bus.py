@@ -84,9 +84,7 @@ class Bus(EventBus):
         if replicas is None:
             from unicron.shared.settings import CommonSettings  # it imports the login modules
 
-            settings = CommonSettings()
-            if "stream_replicas" in settings.model_fields_set:
-                replicas = settings.stream_replicas
+            replicas = CommonSettings().replicas_asked
         # nats-py's default logs a traceback per reconnect attempt while the server is away.
         link = Outage("nats connection", component="bus", source=source)
         nc = await open_client(url, source, connect_timeout_s, access, link)
