@@ -12,8 +12,8 @@ off), it does not fail the write, which the primary did apply: the write stands 
 one warning says so, and until a write is confirmed again each ``WAIT`` is short, so a lost
 replica slows writes by at most ``DEGRADED_WAIT_MS``. Promoted (the Sentinels are replacing the
 primary, or just did: ``moving``), the write is on a primary about to be demoted, whose data the
-new primary overwrites, so it raises ``ConnectionError``, and the retry (redis-py's, then the
-caller's, an outage: shared/outage.py) writes it again on the new primary. So does a write whose
+new primary overwrites, so it raises ``ConnectionError``, and the caller's retry (an outage:
+shared/outage.py) writes it again on the new primary. So does a write whose
 primary dies before ``WAIT`` answers.
 """
 
