@@ -34,10 +34,16 @@ async def connect_redis(url: str, connect_timeout_s: float) -> aioredis.Redis:
     client = aioredis.Redis.from_url(
         url, decode_responses=True, health_check_interval=10, retry=Retry(NoBackoff(), 0)
     )
+    await answers(client, connect_timeout_s)
+    return client
 
-    # a refused login or ACL never heals by waiting: it is the caller's clear error at once
+
+async def answers(client: aioredis.Redis, timeout_s: float) -> None:
+    """Wait until ``client`` answers a PING, up to ``timeout_s``; a refused login or ACL never
+    heals by waiting, so it raises at once, the caller's clear error."""
+
     @retry(
-        stop=stop_after_delay(connect_timeout_s),
+        stop=stop_after_delay(timeout_s),
         wait=wait_exponential(0.1, max=2.0),
         retry=retry_if_not_exception_type((AuthenticationError, NoPermissionError)),
         reraise=True,
@@ -46,7 +52,6 @@ async def connect_redis(url: str, connect_timeout_s: float) -> aioredis.Redis:
         await client.ping()
 
     await _ping()
-    return client
 
 
 def parse_each(

@@ -22,9 +22,8 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, NoPermissionError
-from tenacity import retry, retry_if_not_exception_type, stop_after_delay, wait_exponential
 
+from unicron.shared.records import answers
 from unicron.shared.replicated import Confirmations, ReplicatedRedis
 from unicron.shared.servers import SentinelTarget, ServerListError
 
@@ -92,17 +91,7 @@ def _moving(sentinel: Sentinel, master: str) -> Callable[[Connection], Awaitable
 async def connect_sentinel(url: str, target: SentinelTarget, timeout_s: float) -> aioredis.Redis:
     """:func:`sentinel_client`, once the primary answers; a refused login raises at once."""
     client = sentinel_client(url, target)
-
-    @retry(
-        stop=stop_after_delay(timeout_s),
-        wait=wait_exponential(0.1, max=2.0),
-        retry=retry_if_not_exception_type((AuthenticationError, NoPermissionError)),
-        reraise=True,
-    )
-    async def _ping() -> None:
-        await client.ping()
-
-    await _ping()
+    await answers(client, timeout_s)
     return client
 
 
