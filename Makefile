@@ -3,14 +3,17 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
 
 .PHONY: demo test test-multihost test-slow test-all lint bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos up clean
 
+# torch is named in both installs: with the project's extras alone, pip 26's resolver swaps the
+# CPU wheel for a CUDA build of several GB.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev]' $(TORCH)
 	touch $(STAMP)
 
 demo: $(STAMP)
