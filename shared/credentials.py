@@ -39,6 +39,15 @@ def write_private(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
+def kept_secret(path: Path) -> str:
+    """The random secret stored at ``path`` (0600), made on first use: kept across restarts."""
+    if path.exists():
+        return path.read_text().strip()
+    secret = new_password()
+    write_private(path, secret + "\n")
+    return secret
+
+
 class ClusterCredentials(BaseModel):
     """Each login's password, by user name, for NATS and for Redis (two different secrets: a
     leaked Redis password must not open the bus)."""

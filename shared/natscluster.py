@@ -9,7 +9,6 @@ servers (:mod:`shared.bus`): at 3, losing any one server loses no acknowledged m
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from unicron.shared.credentials import write_private
+from unicron.shared.credentials import kept_secret, write_private
 from unicron.shared.embedded import (
     EmbeddedServer,
     EmbeddedServerError,
@@ -29,16 +28,6 @@ from unicron.shared.procs import free_port
 
 CLUSTER_NAME = "unicron"
 ROUTE_USER = "route"  # the servers' login to each other, never a client's
-
-
-def _route_secret(workdir: Path) -> str:
-    """The cluster's route password, kept (0600) across restarts of the stack."""
-    path = workdir / "route.secret"
-    if path.exists():
-        return path.read_text().strip()
-    secret = secrets.token_urlsafe(24)
-    write_private(path, secret + "\n")
-    return secret
 
 
 def _config(
@@ -86,7 +75,7 @@ def start_nats_cluster(
     if tls is not None and not logins:
         raise ValueError("TLS for the embedded NATS needs logins as well")
     workdir.mkdir(parents=True, exist_ok=True)
-    secret = _route_secret(workdir)
+    secret = kept_secret(workdir / "route.secret")  # the cluster's route password
     ports = [(free_port(), free_port(), free_port()) for _ in range(size)]
     servers = []
     try:

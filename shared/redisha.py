@@ -15,7 +15,6 @@ what replication and the Sentinels need; its password and the Sentinels' configu
 from __future__ import annotations
 
 import hashlib
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 import redis
 import redis.exceptions
 
-from unicron.shared.credentials import write_private
+from unicron.shared.credentials import kept_secret, write_private
 from unicron.shared.embedded import (
     EmbeddedServer,
     EmbeddedServerError,
@@ -46,15 +45,6 @@ _HA_RIGHTS = (
     "resetchannels &__sentinel__:hello -@all +psync +replconf +ping +multi +slaveof +exec "
     "+subscribe +config|rewrite +role +publish +info +client|setname +client|kill +script|kill"
 )
-
-
-def _secret(workdir: Path) -> str:
-    path = workdir / "ha.secret"
-    if path.exists():
-        return path.read_text().strip()
-    secret = secrets.token_urlsafe(24)
-    write_private(path, secret + "\n")
-    return secret
 
 
 def _replicaof(cmd: list[str], primary: int | None) -> list[str]:
@@ -231,7 +221,7 @@ def start_redis_ha(
     """A primary and a replica, each with its append-only file in ``workdir/data-<i>``, and
     ``sentinels`` Sentinels watching them; returns once a failover could happen. With
     ``logins``, only those users (and replication's own) may log in (shared/redisauth.py)."""
-    secret = _secret(workdir) if logins else None
+    secret = kept_secret(workdir / "ha.secret") if logins else None
     started: list[EmbeddedServer] = []
     try:
         started.append(_start_data(workdir, 0, logins, secret, None))
