@@ -128,7 +128,9 @@ def _own_command_consumer(node_id: str) -> list[str]:
 
 
 # Read-only JetStream API every user needs to find streams.
-_LOOKUP = ["$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*"]
+# JetStream's account info: every login may ask it, so it is the agent's round trip (fence.py)
+JETSTREAM_INFO = "$JS.API.INFO"
+_LOOKUP = [JETSTREAM_INFO, "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*"]
 _ALL_COMMANDS = COMMAND_SUBJECT_PREFIX + ">"  # every agent's, not the whole stream's
 
 

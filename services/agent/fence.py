@@ -26,10 +26,10 @@ from nats.errors import NoRespondersError
 
 from unicron.shared.bus import Bus
 from unicron.shared.logging import get_logger
+from unicron.shared.natsauth import JETSTREAM_INFO
 
 log = get_logger(component="fence")
 PROBE_S = 1.0  # longest NATS round trip that still counts as an answer
-JETSTREAM_INFO = "$JS.API.INFO"
 
 
 class Fence:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.waiting import wait_for
 from unicron.cli.stack import Stack, StackConfig
 from unicron.shared.procs import free_port
 
@@ -34,20 +34,6 @@ def stack(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
 def api(stack: Stack) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=stack.api_url, timeout=10) as client:
         yield client
-
-
-def wait_for(
-    what: str, probe: Callable[[], Any], timeout_s: float = 90.0, interval_s: float = 0.1
-) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
 
 
 def small_job(name: str, **overrides: Any) -> dict[str, Any]:

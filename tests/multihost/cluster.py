@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +17,10 @@ from typing import Any
 
 import httpx
 
+from tests import waiting
 from tests.multihost.netns import Network
 from unicron.shared.embedded import nats_server_binary, redis_server_binary
+from unicron.shared.procs import port_open
 
 CONTROL = "cp"
 NATS_PORT, REDIS_PORT, API_PORT = 4222, 6379, 8080
@@ -80,15 +81,9 @@ class Cluster:
     def _python(module: str) -> list[str]:
         return [sys.executable, "-m", module]
 
-    def _listening(self, host: str, *ports: int) -> bool:
-        import socket
-
-        for port in ports:
-            with socket.socket() as sock:
-                sock.settimeout(0.5)
-                if sock.connect_ex((host, port)) != 0:
-                    return False
-        return True
+    @staticmethod
+    def _listening(host: str, *ports: int) -> bool:
+        return all(port_open(host, port, timeout_s=0.5) for port in ports)
 
     # --- the API, as the test sees it ------------------------------------------------------
 
@@ -114,19 +109,8 @@ class Cluster:
 def wait_for(
     what: str, probe: Callable[[], Any], timeout_s: float, interval_s: float = 0.05
 ) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except httpx.HTTPError as exc:  # the API may be starting
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+    """:func:`tests.waiting.wait_for`, polling faster and riding over an API still starting."""
+    return waiting.wait_for(what, probe, timeout_s, interval_s, tolerate=(httpx.HTTPError,))
 
 
 @contextmanager
