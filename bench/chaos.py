@@ -37,6 +37,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from unicron.cli.stack import Stack, StackConfig
+from unicron.shared.procs import free_port
+
 from bench.chaos_audit import audit, read_events
 from bench.chaos_drive import JOB_END_TIMEOUT_S, TERMINAL, ChaosDriver
 from bench.chaos_exact import Exactness, compare
@@ -46,8 +49,6 @@ from bench.chaos_procs import StackProcess, orphan_workers, stack_processes
 from bench.chaos_records import progress
 from bench.chaos_report import ChaosResult, print_tables
 from bench.harness import DRILL_ENV, percentile
-from unicron.cli.stack import Stack, StackConfig
-from unicron.shared.procs import free_port
 
 EXIT_GRACE_S = 10.0  # after the stack stopped, for its processes to be gone
 REFERENCE_ATTEMPTS = 2

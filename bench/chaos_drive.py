@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+from unicron.cli.stack import Stack
 
 from bench.chaos_plan import WORLD, ChaosPlan, FaultPlan
 from bench.chaos_records import ChaosLog, Injection, SubmittedJob, progress
-from unicron.cli.stack import Stack
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 ESCALATION_STEPS = 10  # the detector's default ``escalation_steps``

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from unicron.trainer.checkpoint import checkpoint_path
 from unicron.trainer.ledger import LedgerEntry, read_ledger
 

@@ -4,7 +4,8 @@ same port and data directory, with their data). A process of the stack that exit
 the plan killing it is recorded — a finding — and started again, as ``unicron up`` would.
 
 With ``--ha``, the Redis target is whichever server is primary at that moment, and it comes
-back only after the Sentinels promoted its replica, as that replica's replica (shared/redisha.py).
+back only after the Sentinels promoted its replica, as that replica's replica
+(shared/servers/redisha.py).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from unicron.shared.contracts.messages import FaultKind
+
 from bench.detect import EXCEPTIONS
-from unicron.shared.messages import FaultKind
 
 REPO = Path(__file__).resolve().parents[1]
 # Every kind that ends in a failure; ``slow`` is advisory (a straggler notice, no recovery).

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from unicron.cli.stack import Stack, StackConfig
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.events import CloudEvent
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.contracts.events import CloudEvent
 from unicron.shared.procs import free_port
 
 # Drills fail nodes on purpose: keep them from being quarantined, jobs from giving up, and the

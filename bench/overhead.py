@@ -5,9 +5,9 @@ One process trains on one thread, in a world-size-1 gloo group over a TCP store 
 hosts: ``gpt`` the reference GPT of a default job (``JobSpec()``: 4 layers, width 128, 16
 sequences of 64 tokens a step), ``user`` a user's MLP on a map-style dataset through the
 training API's data path (:mod:`bench.overhead_variants`). Both ways run the runtime's own step
-(:func:`trainer.loop.run_step`):
+(:func:`unicron.trainer.loop.run_step`):
 
-- monitored: with a :class:`~trainer.loop.StepMonitor` — a ``WorkerPhase`` at compute and at
+- monitored: with a :class:`~unicron.trainer.loop.StepMonitor` — a ``WorkerPhase`` at compute and at
   the all-reduce, compute timing, the fault-directive check, a ``StepCompleted`` with
   ``compute_s`` — sent through the runtime's ``AgentChannel`` to a stand-in agent, a separate
   process (as the real agent is) that reads every line and notes how late it came (now minus
@@ -42,17 +42,17 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-from bench.overhead_variants import VARIANTS, Variant
-from unicron.shared.messages import Rendezvous
-from unicron.shared.models import JobSpec
+from unicron.shared.contracts.messages import Rendezvous
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.reports import WorkerHello
+from unicron.shared.contracts.workerchannel import WorkerLaunch
 from unicron.shared.procs import die_with_parent, free_port
-from unicron.shared.reports import WorkerHello
-from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer.channel import BATCH_S, AgentChannel
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.regroup import RegroupInbox
 from unicron.trainer.runtime import RuntimeOptions, directive_router, join_process_group
+
+from bench.overhead_variants import VARIANTS, Variant
 
 WARMUP = 5
 

@@ -1,6 +1,6 @@
 """The steps ``bench/overhead.py`` runs monitored and bare: the reference GPT, and a user's own
 model on the ``unicron.train`` data path (an MLP on a map-style dataset, read by
-:func:`trainer.sampling.source_of`, sized for a ~0.1-s step like the GPT's). Both use the
+:func:`unicron.trainer.sampling.source_of`, sized for a ~0.1-s step like the GPT's). Both use the
 runtime's step generator and ``StepMonitor``: the monitoring is the same code, only the
 step it watches differs."""
 
@@ -15,8 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
-
-from unicron.shared.workerchannel import WorkerLaunch
+from unicron.shared.contracts.workerchannel import WorkerLaunch
 from unicron.trainer.channel import AgentChannel
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.gpt import loss_of, make_optimizer
@@ -73,7 +72,7 @@ VariantBuilder = Callable[[WorkerLaunch, AgentChannel, FaultInbox, dist.ProcessG
 def gpt_variant(
     launch: WorkerLaunch, channel: AgentChannel, inbox: FaultInbox, group: dist.ProcessGroup
 ) -> Variant:
-    """The runtime's own step (``trainer.loop.run_step``) with its ``StepMonitor``."""
+    """The runtime's own step (``unicron.trainer.loop.run_step``) with its ``StepMonitor``."""
     spec = launch.spec
     model = build_model(spec.model, spec.seed)
     trainee = Trainee(launch, model, make_optimizer(model), group, compute=loss_of(model, spec))

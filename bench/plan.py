@@ -39,8 +39,8 @@ from unicron.planning.fairness import PlanRules, TenantQuotas
 from unicron.planning.planning import plan_cluster
 from unicron.planning.spec import ModelShape
 from unicron.services.planner.settings import PlannerSettings
-from unicron.shared.models import JobState
-from unicron.shared.taxonomy import RecoveryAction
+from unicron.shared.contracts.models import JobState
+from unicron.shared.contracts.taxonomy import RecoveryAction
 
 JOBS = (8, 32, 128)
 GPUS = (128, 1024, 4096)

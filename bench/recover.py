@@ -9,7 +9,7 @@ generation's first step, ``failure.observed_at + transition.completed.downtime_s
 phases of ``transition.completed``. The same crash runs under ``torchrun --max-restarts=3``
 with a checkpoint every 10 steps (:mod:`bench.torchrun_recover`) in the same run. Prints a
 table, then one JSON line, which also holds what the planner calibrated from these trials
-(``GET /v1/calibration``): ``python -m simulator.calibrate --recover-json`` compares the
+(``GET /v1/calibration``): ``python -m unicron.simulator.calibrate --recover-json`` compares the
 simulator's crash downtime with the measured one, with and without it.
 
     python bench/recover.py [--trials 10]
@@ -107,7 +107,7 @@ def _table(series: list[Series], regrow: list[float]) -> Table:
 
 async def planner_calibration(cluster: BenchCluster, timeout_s: float = 60.0) -> dict[str, Any]:
     """What the planner learnt from these trials (``GET /v1/calibration``), once a planning
-    pass after the last one stored it: the input of ``python -m simulator.calibrate``."""
+    pass after the last one stored it: the input of ``python -m unicron.simulator.calibrate``."""
     since = time.time()
     async with asyncio.timeout(timeout_s):
         while True:

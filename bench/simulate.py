@@ -4,8 +4,8 @@
 For each rate and seed it draws a trace of the paper's failure mix at that rate (failures per
 GPU-hour) on the 128-GPU example (``examples/sim/cluster-128.json`` and ``jobs-128.json``) and
 runs every policy of ``unicron simulate`` over it — the same scenario the CLI builds with
-``--generate --rate R --seed S --days D`` (:mod:`simulator.scenario`), the same event loop
-(:func:`simulator.runner.run_all`). 2.2e-5 is the Llama 3 rate (466 interruptions in 54 days
+``--generate --rate R --seed S --days D`` (:mod:`unicron.simulator.scenario`), the same event loop
+(:func:`unicron.simulator.runner.run_all`). 2.2e-5 is the Llama 3 rate (466 interruptions in 54 days
 on 16,384 GPUs: about 2 failures in 30 days here); 1.6e-3 is about 5 a day on 128 GPUs.
 
 Per rate it reports the failures per simulated day, each policy's accumulated WAF (weighted
@@ -23,7 +23,7 @@ Prints two tables, then as its last line one JSON object:
 ``--out FILE`` also writes that object, with every run's full summary under ``"runs"``.
 
 ``--fairness`` compares the planner's policies against starvation instead
-(:mod:`simulator.fairness`): the six-job starvation scenario on the 128-GPU cluster
+(:mod:`unicron.simulator.fairness`): the six-job starvation scenario on the 128-GPU cluster
 (``--jobs`` for another), Unicron under ``waf``, ``guaranteed_min`` and ``aging`` for each
 ``--aging-hours``, at the first ``--rates`` value. It prints each policy's accumulated WAF
 relative to ``waf``, its allocation changes, and each job's waiting and first start, then
@@ -48,7 +48,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
 from unicron.planning.fairness import PlanRules
-from unicron.shared.plans import Fairness
+from unicron.shared.contracts.plans import Fairness
 from unicron.simulator.fairness import STARVED_JOBS, Outcome, compare
 from unicron.simulator.inputs import load_cluster
 from unicron.simulator.metrics import ratio

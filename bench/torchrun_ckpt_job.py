@@ -10,10 +10,10 @@ import os
 import time
 
 import torch.distributed as dist
-
-from bench.torchrun_job import join, mark
 from unicron.trainer import checkpoint
 from unicron.trainer.gpt import train_step
+
+from bench.torchrun_job import join, mark
 
 
 def main() -> None:

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from unicron.shared.models import JobSpec, ModelConfig
+from unicron.shared.contracts.models import JobSpec, ModelConfig
 from unicron.trainer.gpt import make_optimizer, train_step
 from unicron.trainer.model import GPT, build_model
 

@@ -14,10 +14,9 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
-
 from unicron.cli.client import DEFAULT_API_URL
 from unicron.cli.common import EXIT_REFUSED, ApiUrl, api, console, fail
-from unicron.shared.calibration import CalibrationRecord
+from unicron.shared.contracts.calibration import CalibrationRecord
 
 
 def calibration_table(record: CalibrationRecord) -> Table:

@@ -13,10 +13,9 @@ from types import TracebackType
 from typing import Any
 
 import httpx
-
-from unicron.shared.calibration import CalibrationRecord
-from unicron.shared.events import CloudEvent
-from unicron.shared.models import Job, JobState, NodeRecord
+from unicron.shared.contracts.calibration import CalibrationRecord
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import Job, JobState, NodeRecord
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 # A followed event stream carries a ping every 15 s; four missed pings mean the server is gone.

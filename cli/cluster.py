@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-
 from unicron.cli.client import DEFAULT_API_URL, ApiUnreachable
 from unicron.cli.common import EXIT_UNAVAILABLE, ApiUrl, api, console, fail
 from unicron.cli.render import event_line, nodes_table

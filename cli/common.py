@@ -14,7 +14,6 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-
 from unicron.cli.client import ApiClient, ApiError, ApiUnreachable
 
 EXIT_JOB_UNSUCCESSFUL = 1

@@ -21,7 +21,6 @@ import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
-
 from unicron.cli.stack import Stack, StackConfig
 from unicron.shared.procs import free_port
 

@@ -10,10 +10,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.text import Text
-
 from unicron.cli.client import DEFAULT_API_URL
 from unicron.cli.common import ApiUrl, api, console
-from unicron.shared.messages import FaultKind
+from unicron.shared.contracts.messages import FaultKind
 
 
 def describe(accepted: dict[str, Any]) -> Text:

@@ -1,7 +1,7 @@
 """Job commands: ``submit`` (from a YAML file and/or options, optionally followed), ``status``
 (all jobs, following the API's pages, or ``--limit``/``--state``) and ``cancel``. With
 ``--working-dir DIR`` the job runs its ``entrypoint`` from DIR, uploaded as a package first
-(:mod:`cli.packages`)."""
+(:mod:`unicron.cli.packages`)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
-
 from unicron.cli.client import DEFAULT_API_URL, ApiClient
 from unicron.cli.common import EXIT_JOB_UNSUCCESSFUL, EXIT_REFUSED, ApiUrl, api, console, fail
 from unicron.cli.packages import check_script, pack
 from unicron.cli.render import history_line, job_detail, jobs_table, state_text
-from unicron.shared.models import Job, JobState
+from unicron.shared.contracts.models import Job, JobState
 
 # Option name on the command line → JobSpec field.
 SPEC_OPTIONS = {

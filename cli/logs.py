@@ -11,10 +11,9 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-
 from unicron.cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
 from unicron.cli.common import ApiUrl, api
-from unicron.shared.logs import MAX_TAIL_LINES
+from unicron.shared.contracts.logs import MAX_TAIL_LINES
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # without --follow the server sends the whole text at once

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typer
-
 from unicron.cli.calibration import calibration
 from unicron.cli.cluster import events, nodes
 from unicron.cli.common import global_options

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unicron.cli.common import EXIT_REFUSED, fail
-from unicron.shared.packages import MAX_PACKAGE_BYTES
+from unicron.shared.bus.packages import MAX_PACKAGE_BYTES
 
 SKIPPED = frozenset({".git", "__pycache__"})
 _INTERPRETER = re.compile(r"^(python[0-9.]*|sh|bash)$")

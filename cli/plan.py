@@ -19,11 +19,10 @@ import typer
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-
 from unicron.cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
 from unicron.cli.common import ApiUrl, api, console
 from unicron.planning.waiting import scaled
-from unicron.shared.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
+from unicron.shared.contracts.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
 
 QUIET_ACTIONS = ("keep", "wait")
 

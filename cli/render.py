@@ -14,9 +14,8 @@ from rich import box
 from rich.console import Group
 from rich.table import Column, Table
 from rich.text import Text
-
-from unicron.shared.events import CloudEvent
-from unicron.shared.models import (
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import (
     FailureRecord,
     HistoryEntry,
     Job,

@@ -22,10 +22,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-
 from unicron.planning.calibration import LLAMA3_FAILURES_PER_GPU_H
 from unicron.planning.fairness import PlanRules
-from unicron.shared.plans import Fairness
+from unicron.shared.contracts.plans import Fairness
 from unicron.simulator.inputs import InputError
 from unicron.simulator.plots import plot_gpus, plot_waf
 from unicron.simulator.policies import NAMES

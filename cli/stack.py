@@ -2,12 +2,12 @@
 
 ``unicron up`` runs it in the foreground; the demo and the end-to-end tests use :class:`Stack`.
 Every child dies with this process, and a service, agent or embedded server that exits
-unexpectedly is started again (with back-off, see :mod:`cli.restarts`); Redis and NATS come
+unexpectedly is started again (with back-off, see :mod:`unicron.cli.restarts`); Redis and NATS come
 back on the same port and data directory, with what they had stored.
 
 ``unicron up --ha`` starts a control plane that survives losing a server instead: three
-clustered NATS servers with the streams on all three (shared/natscluster.py), and a Redis
-primary, its replica and three Sentinels (shared/redisha.py). A Redis server that died comes
+clustered NATS servers with the streams on all three (shared/servers/natscluster.py), and a Redis
+primary, its replica and three Sentinels (shared/servers/redisha.py). A Redis server that died comes
 back as the replica of whichever one the Sentinels promoted meanwhile.
 """
 
@@ -25,22 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 from unicron.cli.restarts import RestartBackoff
-from unicron.shared.credentials import StackLogins, load_or_create
-from unicron.shared.embedded import (
+from unicron.shared.bus.natslogin import NatsAccess
+from unicron.shared.contracts.roles import ServiceRole, ServiceUser, stack_users
+from unicron.shared.logging import get_logger
+from unicron.shared.procs import die_with_parent
+from unicron.shared.servers.credentials import StackLogins, load_or_create
+from unicron.shared.servers.embedded import (
     EmbeddedServer,
     EmbeddedServerError,
     RestartDeferred,
     start_nats,
     start_redis,
 )
-from unicron.shared.logging import get_logger
-from unicron.shared.natsauth import ServiceRole, ServiceUser, stack_users
-from unicron.shared.natscluster import cluster_url, start_nats_cluster
-from unicron.shared.natslogin import NatsAccess
-from unicron.shared.procs import die_with_parent
-from unicron.shared.redisha import MASTER_NAME, RedisHa, start_redis_ha
+from unicron.shared.servers.natscluster import cluster_url, start_nats_cluster
+from unicron.shared.servers.redisha import MASTER_NAME, RedisHa, start_redis_ha
 from unicron.shared.settings import CommonSettings
 
 log = get_logger(component="stack")
@@ -152,7 +151,7 @@ class Stack:
 
     def instance_env(self, name: str) -> dict[str, str]:
         """This stack runs one planner at a time and restarts it when it dies: a restarted one
-        may take its predecessor's lease at once (shared/lease.py)."""
+        may take its predecessor's lease at once (shared/store/lease.py)."""
         if name != "planner":
             return {}
         return {"UNICRON_PLANNER_INSTANCE": f"unicron-up:{self.data_dir}"}

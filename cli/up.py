@@ -1,4 +1,5 @@
-"""``unicron up``: the whole stack (:class:`cli.stack.Stack`) in the foreground until Ctrl-C."""
+"""``unicron up``: the whole stack (:class:`unicron.cli.stack.Stack`) in the foreground until
+Ctrl-C."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
-
 from unicron.cli.stack import Stack, StackConfig
-from unicron.shared.credentials import CREDENTIALS_FILE
+from unicron.shared.servers.credentials import CREDENTIALS_FILE
 
 
 def _print_endpoints(console: Console, stack: Stack) -> None:

@@ -3,7 +3,7 @@
 Writes into ``deploy/secrets/`` (git-ignored) what the compose file mounts as secrets:
 
 - ``nats.conf``: the NATS server's configuration, JetStream on and one user per service and
-  agent with the subjects it may use (shared/natsauth.py, docs/design.md §11);
+  agent with the subjects it may use (shared/bus/natsauth.py, docs/design.md §11);
 - ``users.acl``: Redis's ACL, the same users limited to Unicron's keys, the default user off;
 - ``<user>.env``: one container's own login, mounted as ``/run/secrets/unicron.env``;
 - ``credentials.json``: every password, kept so that a second run (more nodes, say) changes
@@ -19,10 +19,10 @@ import argparse
 from pathlib import Path
 
 from pydantic import ValidationError
-
-from unicron.shared.credentials import load_or_create, write_private
-from unicron.shared.natsauth import NatsTls, render_server_config, stack_users
-from unicron.shared.redisauth import login_url, render_acl
+from unicron.shared.bus.natsauth import NatsTls, render_server_config
+from unicron.shared.contracts.roles import stack_users
+from unicron.shared.servers.credentials import load_or_create, write_private
+from unicron.shared.store.redisauth import login_url, render_acl
 
 SECRETS = Path(__file__).resolve().parent / "secrets"
 NATS_LISTEN = "0.0.0.0:4222"

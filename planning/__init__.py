@@ -1,8 +1,8 @@
 """The planner's pure model: jobs, nodes and measurements in, a whole-cluster plan out.
 
 A library, not a service: no Redis, no NATS, no process lifecycle, and callers pass the time.
-The planner service (``services.planner``) feeds it records read from Redis and publishes what
-it returns; the simulator (``simulator``) feeds it simulated clusters, so both plan with the
+The planner service (``unicron.services.planner``) feeds it records read from Redis and publishes
+what it returns; the simulator (``simulator``) feeds it simulated clusters, so both plan with the
 same code (docs/design.md §4, §8). Layers, from the vocabulary up:
 
 - :mod:`.api` — the inputs, the pluggable models' protocols (throughput, transition cost) and

@@ -15,13 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from unicron.planning import dp, quotas
 from unicron.planning.api import FloatArray, IntArray, JobView
 from unicron.planning.explain import candidates
 from unicron.planning.fairness import PlanRules
 from unicron.planning.objective import JobTerms, keep_units, stack
-from unicron.shared.plans import Fairness
+from unicron.shared.contracts.plans import Fairness
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Everything here is an immutable value or a protocol, in the style of torch.distr
 throughput model (linear, or the calibrated Megatron-style model of :mod:`.throughput`) or a
 transition-cost model plugs in by implementing a protocol, without touching the DP or the
 service. Model shapes and cluster descriptions live in :mod:`.spec`; the kinds of transition
-and state sources are the shared ones of :mod:`shared.transitions`.
+and state sources are the shared ones of :mod:`unicron.shared.contracts.transitions`.
 
 Inputs are frozen dataclasses of tuples so a whole cluster snapshot compares with ``==``: the
 service re-plans only when the snapshot changed.
@@ -19,12 +19,11 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-
 from unicron.planning.spec import ModelShape
-from unicron.shared.models import JobState
-from unicron.shared.taxonomy import RecoveryAction
-from unicron.shared.transitions import StateSource as StateSource
-from unicron.shared.transitions import TransitionKind as TransitionKind
+from unicron.shared.contracts.models import JobState
+from unicron.shared.contracts.taxonomy import RecoveryAction
+from unicron.shared.contracts.transitions import StateSource as StateSource
+from unicron.shared.contracts.transitions import TransitionKind as TransitionKind
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -143,7 +142,8 @@ class Objective:
 class Calibration:
     """What the cluster has measured so far, as the models consume it.
 
-    The service learns it (``services.planner.calibration``); :mod:`.calibration` converts it.
+    The service learns it (``unicron.services.planner.calibration``); :mod:`.calibration` converts
+    it.
     """
 
     job_slowdown: tuple[tuple[str, float], ...] = ()

@@ -1,16 +1,16 @@
 """The calibration's pure side: its exported record converted both ways, and the prior rate.
 
 The service learns the calibration online and keeps it in Redis
-(``services.planner.calibration``); each planning pass stores what it read as a
-:class:`~shared.calibration.CalibrationRecord`, the form the API exports and the simulator
-imports. :func:`record_of` and :func:`calibration_of` convert between that record and the
-:class:`~planning.api.Calibration` the models consume.
+(``unicron.services.planner.calibration``); each planning pass stores what it read as a
+:class:`~unicron.shared.contracts.calibration.CalibrationRecord`, the form the API exports and the
+simulator imports. :func:`record_of` and :func:`calibration_of` convert between that record and the
+:class:`~unicron.planning.api.Calibration` the models consume.
 """
 
 from __future__ import annotations
 
 from unicron.planning.api import Calibration, TransitionKind
-from unicron.shared.calibration import CalibrationRecord
+from unicron.shared.contracts.calibration import CalibrationRecord
 
 # Llama 3 405B: 466 interruptions in 54 days on 16,384 H100 (docs/design.md §7).
 LLAMA3_FAILURES_PER_GPU_H = 466 / (54 * 24 * 16384)

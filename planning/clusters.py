@@ -1,7 +1,7 @@
 """Cluster presets: the node kinds the planner knows, by name (``UNICRON_PLANNER_CLUSTER``).
 
 Figures are public vendor numbers or the measurement cited beside them; what a preset gets
-wrong for one job, the online calibration corrects (``services.planner.calibration``).
+wrong for one job, the online calibration corrects (``unicron.services.planner.calibration``).
 Register another preset with ``CLUSTERS.register(name, ClusterSpec(...))``.
 """
 

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
-
 from unicron.planning.api import (
     KINDS,
     SOURCES,
@@ -30,8 +29,8 @@ from unicron.planning.api import (
     Transitions,
 )
 from unicron.planning.spec import DEFAULT_SHAPE, ClusterSpec
-from unicron.shared.taxonomy import RecoveryAction
-from unicron.shared.transitions import answer_to
+from unicron.shared.contracts.taxonomy import RecoveryAction
+from unicron.shared.contracts.transitions import answer_to
 
 K = {kind: np.int64(i) for i, kind in enumerate(KINDS)}
 S = {source: np.int64(i) for i, source in enumerate(SOURCES)}
@@ -60,8 +59,8 @@ def classify(demand: JobDemand, x: IntArray) -> IntArray:
 
 def _answer(recovery: RecoveryAction | None) -> TransitionKind:
     """What a hit job pays on its own nodes and size: the answer to its failure's action
-    (:mod:`shared.transitions`). A hit job always pays a transition, so a lost rank with no
-    failure recorded, or an action that asks for none, restarts."""
+    (:mod:`unicron.shared.contracts.transitions`). A hit job always pays a transition, so a lost
+    rank with no failure recorded, or an action that asks for none, restarts."""
     kind = TransitionKind.NONE if recovery is None else answer_to(recovery)
     return TransitionKind.RESTART if kind == TransitionKind.NONE else kind
 

@@ -31,7 +31,6 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
-
 from unicron.planning.api import FloatArray, IntArray
 
 NO_KEEP = -1

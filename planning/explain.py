@@ -10,10 +10,9 @@ same rules (:func:`.quotas.alternatives`, exact), so "why not more?" is answered
 from __future__ import annotations
 
 import numpy as np
-
 from unicron.planning.api import KINDS, SOURCES, Curve, FloatArray, IntArray
 from unicron.planning.objective import JobTerms
-from unicron.shared.plans import Alternative, JobExplanation, ParallelConfig
+from unicron.shared.contracts.plans import Alternative, JobExplanation, ParallelConfig
 
 SHOWN = 3  # alternatives kept per job, best first
 

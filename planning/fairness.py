@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from unicron.shared.models import Job, JobState
-from unicron.shared.plans import Fairness
+from unicron.shared.contracts.models import Job, JobState
+from unicron.shared.contracts.plans import Fairness
 
 # A tenant name as API tokens spell it (services/api/settings.py); "*" is every other tenant.
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

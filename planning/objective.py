@@ -2,7 +2,7 @@
 
     G(t, x) = w·T(t, x)·D_run - [x ≠ x_old or t was hit]·w·T(t, x_old)·D_trans(t, x_old → x)
 
-The bracket lives in the :class:`~planning.api.TransitionCost` (it returns 0 where
+The bracket lives in the :class:`~unicron.planning.api.TransitionCost` (it returns 0 where
 nothing changes), so the cost model decides what counts as a change. The DP hands out ``unit``
 slots at a time; k units give a job min(k·unit, max) workers, so a job smaller than a node still
 fits. Infeasible counts (below min, a whole unit past max, or where no configuration runs) get
@@ -17,7 +17,6 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
-
 from unicron.planning import dp
 from unicron.planning.api import (
     Curve,

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-
 from unicron.planning.api import FloatArray, IntArray
 from unicron.planning.spec import ClusterSpec, ModelShape
 

@@ -1,7 +1,7 @@
 """Cluster state → plan: pure functions from Redis records to a plan draft.
 
 :func:`snapshot` turns the records and the calibration into
-:class:`~planning.api.ClusterInputs` (usable nodes, each job's demand and held ranks);
+:class:`~unicron.planning.api.ClusterInputs` (usable nodes, each job's demand and held ranks);
 :func:`plan_cluster` applies the calibration to the objective, runs the DP, weighs the
 alternatives, places the workers and names and explains each job's action;
 :func:`needs_publish` says whether the draft is news compared with the latest plan. No I/O, no
@@ -32,7 +32,7 @@ from unicron.planning.objective import all_terms
 from unicron.planning.placement import PlacementRequest, place
 from unicron.planning.spec import ModelShape
 from unicron.planning.waiting import Waits
-from unicron.shared.models import (
+from unicron.shared.contracts.models import (
     FailureRecord,
     Job,
     JobState,
@@ -41,8 +41,8 @@ from unicron.shared.models import (
     PlanAction,
     WorkerState,
 )
-from unicron.shared.plans import Fairness, JobAllocation, Plan
-from unicron.shared.transitions import QUIET as QUIET
+from unicron.shared.contracts.plans import Fairness, JobAllocation, Plan
+from unicron.shared.contracts.transitions import QUIET as QUIET
 
 # A rank holds its slot until it is stopped or done: a crashed process's slot is where its
 # replacement restarts, so FAILED counts (its node must still be usable).
@@ -77,8 +77,8 @@ def snapshot(
     """The planning inputs: usable nodes by id, non-terminal jobs by submission time.
 
     A node is usable while READY: whether it still beats is the detector's call, made from
-    what it could hear (:mod:`shared.hearing`); a planner reading heartbeats itself would read
-    every node as silent the moment Redis came back from an outage."""
+    what it could hear (:mod:`unicron.shared.store.hearing`); a planner reading heartbeats itself
+    would read every node as silent the moment Redis came back from an outage."""
     slowdown = dict(calibration.job_slowdown)
     by_id = sorted(nodes, key=lambda n: n.id)
     jobs = list(jobs)

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from unicron.planning import dp
 from unicron.planning.api import FloatArray, IntArray
 

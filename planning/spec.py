@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from unicron.shared.models import ModelConfig
+from unicron.shared.contracts.models import ModelConfig
 
 T = TypeVar("T")
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
 from unicron.planning.api import Curve, FloatArray, IntArray, JobDemand, ThroughputModel
 from unicron.planning.perf import Workload, achieved_flops, best_configs
 from unicron.planning.spec import DEFAULT_SHAPE, ClusterSpec, Registry

@@ -19,12 +19,11 @@ from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
-
 from unicron.planning.allocation import Allocation, smallest
 from unicron.planning.api import ClusterInputs
 from unicron.planning.fairness import PlanRules
 from unicron.planning.objective import JobTerms
-from unicron.shared.plans import WaitReason
+from unicron.shared.contracts.plans import WaitReason
 
 Why = tuple[WaitReason, str]
 # A job of another tenant is never named to this one (as services/api/routes/plans.py says).

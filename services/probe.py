@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from unicron.shared.natslogin import open_client
+from unicron.shared.bus.natslogin import open_client
 from unicron.shared.outage import Outage
-from unicron.shared.redisauth import redacted
 from unicron.shared.settings import CommonSettings
-from unicron.shared.state import StateStore
+from unicron.shared.store.redisauth import redacted
+from unicron.shared.store.state import StateStore
 
 TIMEOUT_S = 3.0  # each server; the probe's own timeout in the manifests leaves room for both
 

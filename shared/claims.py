@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from unicron.shared.delivery import ClaimRefusedError
+from unicron.shared.bus.delivery import ClaimRefusedError
+from unicron.shared.contracts.models import Job
+from unicron.shared.contracts.reports import REPORT_SUBJECT_PREFIX, AnyWorkerReport
 from unicron.shared.logging import get_logger
-from unicron.shared.models import Job
-from unicron.shared.ports import JobStore
-from unicron.shared.reports import REPORT_SUBJECT_PREFIX, AnyWorkerReport
+from unicron.shared.store.api import JobStore
 
 log = get_logger(component="claims")
 CACHED_GENERATIONS = 256

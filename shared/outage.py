@@ -21,7 +21,6 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 import redis.exceptions
-
 from unicron.shared.logging import get_logger
 
 # What a client raises while its server is down or unreachable; a JetStream request times out

@@ -7,12 +7,12 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from unicron.shared.bus import Bus
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.roles import CredentialsError
 from unicron.shared.logging import configure_logging, get_logger
-from unicron.shared.natsauth import CredentialsError
-from unicron.shared.redisauth import check_login, redacted
 from unicron.shared.settings import CommonSettings
-from unicron.shared.state import StateStore
+from unicron.shared.store.redisauth import check_login, redacted
+from unicron.shared.store.state import StateStore
 
 S = TypeVar("S", bound=CommonSettings)
 ServiceBody = Callable[[Bus, StateStore, asyncio.Event], Awaitable[None]]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from unicron.shared.jobindex import JOB_RETENTION_S
-from unicron.shared.natsauth import CredentialsError, NatsTls
-from unicron.shared.natslogin import NatsAccess
-from unicron.shared.servers import SentinelTarget, parse_sentinels
+from unicron.shared.addresses import SentinelTarget, parse_sentinels
+from unicron.shared.bus.natsauth import NatsTls
+from unicron.shared.bus.natslogin import NatsAccess
+from unicron.shared.contracts.roles import CredentialsError
+from unicron.shared.store.jobindex import JOB_RETENTION_S
 
 # Where deploy/compose.yaml mounts a service's own credentials (later files win over .env;
 # real environment variables win over both).
@@ -27,10 +27,10 @@ class CommonSettings(BaseSettings):
     )
 
     # One server, or a cluster's servers comma-separated (checked where the client connects,
-    # shared/servers.py: a validator's message would repeat a password in the URL).
+    # shared/addresses.py: a validator's message would repeat a password in the URL).
     nats_url: str = "nats://127.0.0.1:4222"
     # On how many NATS servers each stream keeps its messages: 3 with a 3-server cluster, so
-    # that losing any one server loses nothing acknowledged (shared/bus.py).
+    # that losing any one server loses nothing acknowledged (shared/bus/bus.py).
     stream_replicas: int = Field(1, ge=1, le=5)
     # This process's NATS login; unset: anonymous, which only a development server accepts.
     nats_user: str | None = None
@@ -43,7 +43,7 @@ class CommonSettings(BaseSettings):
     # With an ACL'd Redis: redis://USER:PASSWORD@HOST:PORT/DB.
     redis_url: str = "redis://127.0.0.1:6379/0"
     # host:port,host:port,...: find the primary through these Sentinels instead of at
-    # redis_url's host (whose user, password and database still count; shared/sentinel.py).
+    # redis_url's host (whose user, password and database still count; shared/store/sentinel.py).
     redis_sentinels: str | None = None
     redis_master: str = Field("unicron", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     redis_sentinel_password: SecretStr | None = None

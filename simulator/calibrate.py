@@ -12,7 +12,7 @@ simulated crash downtime without and with those factors, each against the measur
 bench's bursts of deliberate faults say nothing about D_run.
 
     python bench/recover.py --trials 5 | tail -1 > recover.json
-    python -m simulator.calibrate --recover-json recover.json
+    python -m unicron.simulator.calibrate --recover-json recover.json
 
 (or ``--measured SECONDS``); ``bench/recover.py``'s ``unicron_crash_s_p50`` is the measurement.
 """
@@ -27,8 +27,8 @@ from typing import Any
 
 from unicron.planning.api import Calibration, TransitionKind
 from unicron.planning.calibration import calibration_of
-from unicron.shared.calibration import CalibrationRecord
-from unicron.shared.taxonomy import FailureCategory
+from unicron.shared.contracts.calibration import CalibrationRecord
+from unicron.shared.contracts.taxonomy import FailureCategory
 from unicron.simulator.inputs import ClusterConfig, InputError, JobConfig, load_calibration
 from unicron.simulator.runner import Scenario, run_policy
 from unicron.simulator.trace import Failure

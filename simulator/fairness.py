@@ -5,7 +5,7 @@ saves in waiting (``bench/simulate.py --fairness``; planning/fairness.py).
 minimums on the 128-GPU example cluster, where pure WAF maximisation gives all 128 GPUs to
 the two highest-weight jobs for the whole run and the other four never start. Each policy runs
 Unicron (the recovery policy) over the same drawn traces; a job's waiting is the time it was
-admitted but held no GPUs (:attr:`simulator.state.JobRun.wait_s`).
+admitted but held no GPUs (:attr:`unicron.simulator.state.JobRun.wait_s`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unicron.planning.fairness import PlanRules
-from unicron.shared.plans import Fairness
+from unicron.shared.contracts.plans import Fairness
 from unicron.simulator.inputs import JobConfig
 from unicron.simulator.runner import run_policy
 from unicron.simulator.scenario import Inputs, Options, generated_scenario

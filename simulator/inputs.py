@@ -1,7 +1,7 @@
 """Cluster and job descriptions: JSON files in, validated frozen values out.
 
 ``--cluster`` is one object: ``{"nodes": 16, "gpus_per_node": 8, "gpu": "A100"}`` (``gpu`` names
-a planner preset of :mod:`planning.clusters`, case-insensitive). ``--jobs`` is a list of
+a planner preset of :mod:`unicron.planning.clusters`, case-insensitive). ``--jobs`` is a list of
 objects with ``name``, ``params_b``, ``weight``, ``min_gpus``, ``max_gpus`` and, optionally,
 ``arrival_s`` (default 0), ``length_s`` (the job's work, as seconds of failure-free running on
 ``max_gpus``; default: runs to the end) and ``checkpoint_interval_s`` (default 1800, the
@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-
 from unicron.planning.api import Calibration
 from unicron.planning.calibration import calibration_of
 from unicron.planning.clusters import CLUSTERS
 from unicron.planning.spec import ClusterSpec
-from unicron.shared.calibration import CalibrationRecord
+from unicron.shared.contracts.calibration import CalibrationRecord
 
 
 class InputError(ValueError):
@@ -187,8 +186,8 @@ def _job(item: Any, cluster: ClusterConfig, index: int) -> JobConfig:
 
 def load_calibration(path: Path) -> Calibration:
     """The planner's calibration as ``GET /v1/calibration`` / ``unicron calibration`` export it
-    (:class:`shared.calibration.CalibrationRecord`; a hand-written file may set only
-    ``transition_factors`` and ``failure_rate_per_gpu_h``), so the simulator prices transitions
+    (:class:`unicron.shared.contracts.calibration.CalibrationRecord`; a hand-written file may set
+    only ``transition_factors`` and ``failure_rate_per_gpu_h``), so the simulator prices transitions
     with the same calibrated numbers the planner uses."""
     text, raw = _read(path)
     try:

@@ -44,7 +44,9 @@ class Timeline:
                 out.writerow([f"{t:g}", f"{w:.6g}", f"{a:.6g}", *g])
 
 
-def policy_summary(sim: Simulation, failures: int) -> dict[str, Any]:
+def policy_summary(
+    sim: Simulation, failures: int, policy_stats: dict[str, float]
+) -> dict[str, Any]:
     runs = list(sim.jobs.values())
     useful = sum(r.useful_s for r in runs)
     present = useful + sum(r.down_s for r in runs)
@@ -57,7 +59,7 @@ def policy_summary(sim: Simulation, failures: int) -> dict[str, Any]:
         "jobs": {r.name: job_summary(r) for r in runs},
         "job_hits": sum(r.hits for r in runs),
         "finished": sorted(r.name for r in runs if r.done),
-        **{k: v for k, v in sim.policy.stats().items() if k != "job_hits"},
+        **{k: v for k, v in policy_stats.items() if k != "job_hits"},
     }
 
 

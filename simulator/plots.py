@@ -11,7 +11,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
-
 from unicron.simulator.metrics import Timeline
 
 DAY = 86400.0

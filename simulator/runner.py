@@ -20,6 +20,7 @@ from unicron.simulator.events import Kind
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.metrics import Timeline, policy_summary, ratio
 from unicron.simulator.policies import make_policy
+from unicron.simulator.policies.base import Policy
 from unicron.simulator.state import Simulation
 from unicron.simulator.trace import Failure
 
@@ -35,7 +36,7 @@ class Scenario:
     sample_s: float = 900.0
     calibration: Calibration = field(default_factory=Calibration)
     measured_plan_time: bool = False
-    baseline_allocation: str = "planner"  # or "fifo": see simulator.policies.base
+    baseline_allocation: str = "planner"  # or "fifo": see unicron.simulator.policies.base
     # (policy, measured failure-free throughput / the planner's model), overriding the mechanism
     throughput: tuple[tuple[str, float], ...] = ()
     # The planner's fairness policy and quotas (unicron's plans, and the baselines' first one).
@@ -62,26 +63,26 @@ def run_policy(scenario: Scenario, name: str, progress: Progress | None = None) 
     policy.measured_throughput = dict(scenario.throughput).get(name)
     sim = Simulation(scenario.cluster, scenario.jobs, policy)
     timeline = Timeline(name, [j.name for j in scenario.jobs])
-    _seed_events(sim, scenario)
+    _seed_events(sim, policy, scenario)
     failures = 0
     while len(sim.queue):
         event = sim.queue.pop()
         if event.time_s > scenario.duration_s:
             break
         sim.advance(event.time_s)
-        failures += _dispatch(sim, event.kind, event.payload, timeline)
+        failures += _dispatch(sim, policy, event.kind, event.payload, timeline)
         sim.cluster.check()
         if progress and event.kind == Kind.SAMPLE:
             progress(name, sim.now)
     sim.advance(scenario.duration_s)
     timeline.sample(sim)
-    summary = policy_summary(sim, failures)
+    summary = policy_summary(sim, failures, policy.stats())
     if policy.measured_throughput is not None:
         summary["measured_throughput"] = policy.measured_throughput
     return Result(name, summary, timeline, time.perf_counter() - started)
 
 
-def _seed_events(sim: Simulation, scenario: Scenario) -> None:
+def _seed_events(sim: Simulation, policy: Policy, scenario: Scenario) -> None:
     for job in scenario.jobs:
         if job.arrival_s > 0:
             sim.queue.push(job.arrival_s, Kind.ARRIVAL, job.name)
@@ -94,12 +95,11 @@ def _seed_events(sim: Simulation, scenario: Scenario) -> None:
     first = [r for r in sim.jobs.values() if r.config.arrival_s <= 0]
     for run in first:
         run.arrived = True
-    sim.policy.start(sim, first)
+    policy.start(sim, first)
 
 
-def _dispatch(sim: Simulation, kind: Kind, payload: Any, timeline: Timeline) -> int:
+def _dispatch(sim: Simulation, policy: Policy, kind: Kind, payload: Any, timeline: Timeline) -> int:
     """Handle one event; 1 for a failure (counted), else 0."""
-    policy = sim.policy
     if kind == Kind.FAILURE:
         policy.on_failure(sim, payload)
         return 1

@@ -71,7 +71,8 @@ def parse_throughput(items: list[str]) -> tuple[tuple[str, float], ...]:
 
 
 def load_inputs(cluster: Path, jobs: Path, calibration: Path | None = None) -> Inputs:
-    """The cluster, jobs and calibration files; raises :class:`~simulator.inputs.InputError`."""
+    """The cluster, jobs and calibration files; raises
+    :class:`~unicron.simulator.inputs.InputError`."""
     config = load_cluster(cluster)
     job_list = load_jobs(jobs, config)
     calib = load_calibration(calibration) if calibration else Calibration()
@@ -134,7 +135,7 @@ def build_scenario(
 ) -> Scenario:
     """``unicron simulate``'s scenario: the trace read from ``trace``, or drawn at ``rate`` when
     it is None. Files are read in the CLI's order (cluster, jobs, trace, calibration), so the
-    first bad one is the one reported; raises :class:`~simulator.inputs.InputError`."""
+    first bad one is the one reported; raises :class:`~unicron.simulator.inputs.InputError`."""
     config = load_cluster(cluster)
     job_list = load_jobs(jobs, config)
     failures = (

@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from unicron.simulator.cluster import ClusterState
 from unicron.simulator.events import EventQueue, Kind
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.workload import Speeds
 
-if TYPE_CHECKING:
-    from unicron.simulator.policies.base import Policy
+
+class Mechanism(Protocol):
+    """What the accrual needs of a policy: each job's T(x) and what multiplies it. The runner
+    drives the rest of :class:`unicron.simulator.policies.base.Policy`."""
+
+    def speeds(self, job: JobConfig, config: ClusterConfig) -> Speeds: ...
+
+    def throughput_factor(self, run: JobRun, workers: int) -> float: ...
 
 
 @dataclass
@@ -66,7 +72,7 @@ class JobRun:
 
 
 class Simulation:
-    def __init__(self, config: ClusterConfig, jobs: list[JobConfig], policy: Policy) -> None:
+    def __init__(self, config: ClusterConfig, jobs: list[JobConfig], policy: Mechanism) -> None:
         self.config, self.policy = config, policy
         self.cluster = ClusterState(config.nodes, config.gpus_per_node)
         self.queue = EventQueue()

@@ -2,8 +2,9 @@
 paper's failure mix (docs/design.md §3) at a per-GPU failure rate.
 
 ``node`` is a node index (0-based) or a name ``node-007``; ``category`` is a
-:class:`shared.taxonomy.FailureCategory` value, whose severity comes from the taxonomy's table;
-``repair_s`` is how long the node is out of service (0 for faults that leave it healthy).
+:class:`unicron.shared.contracts.taxonomy.FailureCategory` value, whose severity comes from the
+taxonomy's table; ``repair_s`` is how long the node is out of service (0 for faults that leave it
+healthy).
 
 Generation: failures arrive as a Poisson process of rate ``rate_per_gpu_h`` x GPUs, each on a
 uniformly drawn node, with a category drawn from the paper's shares of the largest jobs that
@@ -20,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from unicron.shared.taxonomy import FailureCategory, Severity, severity_of
+from unicron.shared.contracts.taxonomy import FailureCategory, Severity, severity_of
 from unicron.simulator.inputs import InputError
 
 C = FailureCategory

@@ -1,11 +1,11 @@
 """Jobs as the planner sees them: a GPT shape for a parameter count, the planner's
-:class:`~planning.api.JobDemand`, and the job's failure-free throughput T(x) from the
-planner's own performance model (:class:`~planning.throughput.MegatronThroughput`).
+:class:`~unicron.planning.api.JobDemand`, and the job's failure-free throughput T(x) from the
+planner's own performance model (:class:`~unicron.planning.throughput.MegatronThroughput`).
 
 A job of ``params_b`` billion parameters trains the GPT-3 family member (Brown et al. 2020,
 Table 2.1; heads rounded to divide the width, as ``bench/plan.py`` does) nearest in log scale,
 with the global batch GPT-3 trained it with. Below 0.1 B it is the reference trainer's model
-(:data:`planning.spec.DEFAULT_SHAPE`), which is what the CPU cluster runs.
+(:data:`unicron.planning.spec.DEFAULT_SHAPE`), which is what the CPU cluster runs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from unicron.planning.api import Curve, JobDemand, ThroughputModel
 from unicron.planning.spec import DEFAULT_SHAPE, ModelShape
 from unicron.simulator.inputs import JobConfig

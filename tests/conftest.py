@@ -6,10 +6,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-
-from unicron.shared.bus import Bus
-from unicron.shared.embedded import EmbeddedServer, start_nats, start_redis
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus
+from unicron.shared.servers.embedded import EmbeddedServer, start_nats, start_redis
+from unicron.shared.store.state import StateStore
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
 
-from unicron.shared.models import NodeRecord, now
-from unicron.shared.ports import JobStore
+from unicron.shared.contracts.models import NodeRecord, now
+from unicron.shared.store.api import JobStore
 
 
 def _beat(node: NodeRecord) -> None:

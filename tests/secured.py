@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-
-from unicron.shared.bus import STREAMS, Bus
-from unicron.shared.credentials import ClusterCredentials
-from unicron.shared.embedded import EmbeddedServer, start_nats
-from unicron.shared.natsauth import NatsTls, ServiceRole, ServiceUser, stack_users
-from unicron.shared.natslogin import NatsAccess
+from unicron.shared.bus.bus import STREAMS, Bus
+from unicron.shared.bus.natsauth import NatsTls
+from unicron.shared.bus.natslogin import NatsAccess
+from unicron.shared.contracts.roles import ServiceRole, ServiceUser, stack_users
+from unicron.shared.servers.credentials import ClusterCredentials
+from unicron.shared.servers.embedded import EmbeddedServer, start_nats
 
 USERS = stack_users(["node-0", "node-1"])
 CREDENTIALS = ClusterCredentials().with_users(USERS)

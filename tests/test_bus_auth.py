@@ -14,6 +14,23 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 from pydantic import SecretStr
+from unicron.shared.bus.bus import Bus
+from unicron.shared.bus.natslogin import NatsAccess
+from unicron.shared.contracts.events import CloudEvent, FailureDetected, JobSubmitted, PlanCreated
+from unicron.shared.contracts.messages import (
+    FaultKind,
+    FaultSpec,
+    InjectFault,
+    Rendezvous,
+    StartWorker,
+    StopWorkers,
+    command_subject,
+)
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.reports import WorkerExited, report_subject
+from unicron.shared.contracts.roles import CredentialsError, ServiceUser
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.servers.embedded import EmbeddedServer
 
 from tests.secured import (
     ADMIN,
@@ -29,23 +46,6 @@ from tests.secured import (
     login,
     secured,
 )
-from unicron.shared.bus import Bus
-from unicron.shared.embedded import EmbeddedServer
-from unicron.shared.events import CloudEvent, FailureDetected, JobSubmitted, PlanCreated
-from unicron.shared.messages import (
-    FaultKind,
-    FaultSpec,
-    InjectFault,
-    Rendezvous,
-    StartWorker,
-    StopWorkers,
-    command_subject,
-)
-from unicron.shared.models import JobSpec
-from unicron.shared.natsauth import CredentialsError, ServiceUser
-from unicron.shared.natslogin import NatsAccess
-from unicron.shared.reports import WorkerExited, report_subject
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 __all__ = ["api", "secured"]  # fixtures
 

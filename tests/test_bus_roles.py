@@ -13,6 +13,21 @@ from typing import TypeVar
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from structlog.testing import capture_logs
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.bus.packages import get_package, put_package
+from unicron.shared.contracts.events import (
+    CloudEvent,
+    FailureDetected,
+    JobSubmitted,
+    NodeJoined,
+    PlanCreated,
+)
+from unicron.shared.contracts.logs import logs_subject
+from unicron.shared.contracts.messages import StopWorkers, command_subject, ping_subject
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.reports import WORKER_REPORT, AnyWorkerReport, WorkerExited
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.servers.embedded import EmbeddedServer, start_nats
 
 from tests.secured import (
     AGENT_0,
@@ -28,21 +43,6 @@ from tests.secured import (
     secured,
     self_signed,
 )
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.embedded import EmbeddedServer, start_nats
-from unicron.shared.events import (
-    CloudEvent,
-    FailureDetected,
-    JobSubmitted,
-    NodeJoined,
-    PlanCreated,
-)
-from unicron.shared.logs import logs_subject
-from unicron.shared.messages import StopWorkers, command_subject, ping_subject
-from unicron.shared.models import JobSpec
-from unicron.shared.packages import get_package, put_package
-from unicron.shared.reports import WORKER_REPORT, AnyWorkerReport, WorkerExited
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 __all__ = ["api", "secured"]  # fixtures
 T = TypeVar("T")

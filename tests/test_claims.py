@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.api.live import eventually
 from unicron.services.executor.progress import ProgressTracker
-from unicron.shared.bus import Bus
+from unicron.shared.bus.bus import Bus
 from unicron.shared.claims import ReportClaims, refusal, subject_node
-from unicron.shared.messages import DEADLETTER_SUBJECT, DeadLetter
-from unicron.shared.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
-from unicron.shared.reports import (
+from unicron.shared.contracts.messages import DEADLETTER_SUBJECT, DeadLetter
+from unicron.shared.contracts.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
+from unicron.shared.contracts.reports import (
     WORKER_REPORT,
     AnyWorkerReport,
     WorkerExited,
     WorkerStarted,
     report_subject,
 )
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
+
+from tests.api.live import eventually
 
 
 def running_job() -> Job:

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 from pydantic_settings import BaseSettings
-
 from unicron.cli.stack import AGENT_MODULE, SERVICE_MODULES
 from unicron.shared.settings import SECRETS_ENV_FILE
 

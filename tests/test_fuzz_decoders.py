@@ -34,16 +34,20 @@ from fastapi import HTTPException
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
-
 from unicron.services.agent.channel import AGENT_ONLY, MAX_LINE, WorkerChannel, _Conn
 from unicron.services.agent.outbox import Report
 from unicron.services.agent.supervisor import WorkerKey
 from unicron.services.api.routes.logs import ask
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.delivery import PARSE_ERRORS
-from unicron.shared.events import CloudEvent, FailureDetected, JobStateChanged, JobSubmitted
-from unicron.shared.logs import LogsReply, LogsRequest
-from unicron.shared.messages import (
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.bus.delivery import PARSE_ERRORS
+from unicron.shared.contracts.events import (
+    CloudEvent,
+    FailureDetected,
+    JobStateChanged,
+    JobSubmitted,
+)
+from unicron.shared.contracts.logs import LogsReply, LogsRequest
+from unicron.shared.contracts.messages import (
     AGENT_COMMAND,
     DEADLETTER_SUBJECT,
     DeadLetter,
@@ -56,8 +60,8 @@ from unicron.shared.messages import (
     StartWorker,
     StopWorkers,
 )
-from unicron.shared.models import JobSpec, JobState
-from unicron.shared.reports import (
+from unicron.shared.contracts.models import JobSpec, JobState
+from unicron.shared.contracts.reports import (
     WORKER_REPORT,
     StepCompleted,
     WorkerException,
@@ -68,8 +72,8 @@ from unicron.shared.reports import (
     WorkerRegrouped,
     WorkerStarted,
 )
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
-from unicron.shared.workerchannel import (
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.workerchannel import (
     DirectiveError,
     FaultDirective,
     ScriptLaunch,

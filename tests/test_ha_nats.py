@@ -15,18 +15,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.embedded import EmbeddedServer
-from unicron.shared.events import JobStateChanged
-from unicron.shared.lifecycle import JobState
-from unicron.shared.messages import StopWorkers
-from unicron.shared.natscluster import cluster_url, start_nats_cluster
+from unicron.shared.addresses import ServerListError, nats_servers
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.bus.streams import (
+    ALL_COMMANDS,
+    ALL_EVENTS,
+    ALL_REPORTS,
+    EVENTS_STREAM,
+    STREAMS,
+)
+from unicron.shared.bus.streamsetup import StreamReplicasError
+from unicron.shared.contracts.events import JobStateChanged
+from unicron.shared.contracts.lifecycle import JobState
+from unicron.shared.contracts.messages import StopWorkers
+from unicron.shared.contracts.reports import StepCompleted
 from unicron.shared.outage import is_outage
-from unicron.shared.reports import StepCompleted
-from unicron.shared.servers import ServerListError, nats_servers
-from unicron.shared.streams import ALL_COMMANDS, ALL_EVENTS, ALL_REPORTS, EVENTS_STREAM, STREAMS
-from unicron.shared.streamsetup import StreamReplicasError
+from unicron.shared.servers.embedded import EmbeddedServer
+from unicron.shared.servers.natscluster import cluster_url, start_nats_cluster
 
 ROUNDS = 120
 KILL_AT = 40

@@ -17,19 +17,18 @@ from typing import TypeVar, cast
 import pytest
 import redis
 from pydantic import ValidationError
-
-from unicron.shared.embedded import EmbeddedServer
-from unicron.shared.jobspec import JobSpec
-from unicron.shared.models import Job
-from unicron.shared.natsauth import ServiceRole, ServiceUser
+from unicron.shared.addresses import SentinelTarget
+from unicron.shared.contracts.jobspec import JobSpec
+from unicron.shared.contracts.models import Job
+from unicron.shared.contracts.roles import ServiceRole, ServiceUser
 from unicron.shared.outage import is_outage
-from unicron.shared.redisauth import login_url
-from unicron.shared.redisha import RedisHa, start_redis_ha
-from unicron.shared.replicated import ReplicatedRedis
-from unicron.shared.sentinel import sentinel_client
-from unicron.shared.servers import SentinelTarget
+from unicron.shared.servers.embedded import EmbeddedServer
+from unicron.shared.servers.redisha import RedisHa, start_redis_ha
 from unicron.shared.settings import CommonSettings
-from unicron.shared.state import StateStore
+from unicron.shared.store.redisauth import login_url
+from unicron.shared.store.replicated import ReplicatedRedis
+from unicron.shared.store.sentinel import sentinel_client
+from unicron.shared.store.state import StateStore
 
 T = TypeVar("T")
 WRITES_BEFORE = 40

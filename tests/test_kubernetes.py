@@ -15,10 +15,10 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
-
-from tests.test_compose import _settings_class
 from unicron.cli.stack import AGENT_MODULE, SERVICE_MODULES
 from unicron.shared.settings import SECRETS_ENV_FILE
+
+from tests.test_compose import _settings_class
 
 ROOT = Path(__file__).resolve().parents[1]
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
@@ -188,16 +188,3 @@ def test_committed_secrets_are_placeholders() -> None:
     for secret in _objects("Secret").values():
         for key in secret["data"]:
             assert b"PLACEHOLDER" in base64.b64decode(secret["data"][key]), key
-
-
-def test_dockerfile_copies_every_folder_the_package_links() -> None:
-    """unicron/ links the repository's folders in; the image must hold each of them."""
-    links = {p.name: p.readlink() for p in (ROOT / "unicron").iterdir() if p.is_symlink()}
-    assert links, "unicron/ links no folder"
-    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
-    copies = re.findall(r"^COPY\s+(\S+)\s+(\S+)\s*$", dockerfile, re.MULTILINE)
-    copied = {src.rstrip("/") for src, dest in copies if dest.rstrip("/") in (src, f"./{src}")}
-    for name, target in links.items():
-        folder = (ROOT / "unicron" / target).resolve().relative_to(ROOT)
-        assert str(folder) in copied, f"deploy/Dockerfile does not COPY {folder}/ (unicron/{name})"
-    assert "unicron" in copied

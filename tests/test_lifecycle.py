@@ -1,5 +1,5 @@
-"""The job lifecycle table (shared/lifecycle.py), as ``Job.set_state`` enforces it: each move
-by its owner only, terminal states final, a refusal logged with the job and the record kept."""
+"""The job lifecycle table (shared/contracts/lifecycle.py), as ``Job.set_state`` enforces it: each
+move by its owner only, terminal states final, a refusal logged with the job and the record kept."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-
-from unicron.shared.lifecycle import TRANSITIONS, JobState
-from unicron.shared.models import HistoryEntry, Job, JobSpec
-from unicron.shared.roles import ServiceRole
+from unicron.shared.contracts.lifecycle import TRANSITIONS, JobState
+from unicron.shared.contracts.models import HistoryEntry, Job, JobSpec
+from unicron.shared.contracts.roles import ServiceRole
 
 P, S, R, V = JobState.PENDING, JobState.STARTING, JobState.RUNNING, JobState.RECOVERING
 API, DETECTOR, EXECUTOR = ServiceRole.API, ServiceRole.DETECTOR, ServiceRole.EXECUTOR

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 import redis.exceptions
+from unicron.cli.stack import Stack, StackConfig
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.models import Job, JobSpec, NodeRecord
+from unicron.shared.contracts.roles import CredentialsError, ServiceUser
+from unicron.shared.procs import free_port
+from unicron.shared.servers.embedded import EmbeddedServer, redis_server_binary, start_redis
+from unicron.shared.store.lease import Lease
+from unicron.shared.store.redisauth import check_login, login_url, read_only_keys_supported
+from unicron.shared.store.state import StateStore
 
 from tests.secured import AGENT_0, API, CREDENTIALS, PLANNER, USERS, secured, self_signed
-from unicron.cli.stack import Stack, StackConfig
-from unicron.shared.bus import Bus
-from unicron.shared.embedded import EmbeddedServer, redis_server_binary, start_redis
-from unicron.shared.lease import Lease
-from unicron.shared.models import Job, JobSpec, NodeRecord
-from unicron.shared.natsauth import CredentialsError, ServiceUser
-from unicron.shared.procs import free_port
-from unicron.shared.redisauth import check_login, login_url, read_only_keys_supported
-from unicron.shared.state import StateStore
 
 __all__ = ["secured"]  # fixture
 Refused = redis.exceptions.NoPermissionError

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.delivery import REDELIVERY_S
-from unicron.shared.events import CloudEvent, JobSubmitted
-from unicron.shared.messages import DeadLetter
-from unicron.shared.models import Job, JobSpec
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.bus.delivery import REDELIVERY_S
+from unicron.shared.contracts.events import CloudEvent, JobSubmitted
+from unicron.shared.contracts.messages import DeadLetter
+from unicron.shared.contracts.models import Job, JobSpec
+from unicron.shared.store.state import StateStore
 
 
 async def _collect(bus: Bus, subject: str, durable: str) -> asyncio.Queue[CloudEvent]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from unicron.shared.models import NodeRecord, now
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.models import NodeRecord, now
+from unicron.shared.store.state import StateStore
 
 
 async def test_a_cancelled_update_loop_stops_wherever_the_cancel_lands(state: StateStore) -> None:

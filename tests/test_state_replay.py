@@ -4,7 +4,7 @@ events in, job records out (no servers)."""
 from __future__ import annotations
 
 from unicron.services.executor.adopt import SeatTrace, adopt, note_report, orphan_stops
-from unicron.shared.events import (
+from unicron.shared.contracts.events import (
     CloudEvent,
     EventData,
     FailureDetected,
@@ -17,7 +17,7 @@ from unicron.shared.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from unicron.shared.models import (
+from unicron.shared.contracts.models import (
     Job,
     JobSpec,
     JobState,
@@ -28,9 +28,9 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.replay import replay
-from unicron.shared.reports import WorkerExited, WorkerStarted
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.reports import WorkerExited, WorkerStarted
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.store.replay import replay
 
 P, R, S = JobState.PENDING, JobState.RUNNING, JobState.STARTING
 SPEC = JobSpec(name="a", steps=100, min_workers=1, max_workers=2)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.models import Job, JobSpec
+from unicron.shared.outage import Outage, is_outage
+from unicron.shared.servers.embedded import start_nats, start_redis
+from unicron.shared.store.state import StateStore
 
 from tests.api.live import eventually
-from unicron.shared.bus import Bus
-from unicron.shared.embedded import start_nats, start_redis
-from unicron.shared.models import Job, JobSpec
-from unicron.shared.outage import Outage, is_outage
-from unicron.shared.state import StateStore
 
 
 async def test_a_job_survives_a_kill_9_of_the_embedded_redis(tmp_path: Path) -> None:

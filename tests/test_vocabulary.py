@@ -10,14 +10,13 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from unicron.planning.api import Objective
 from unicron.planning.costs import ConstantDowntime
 from unicron.planning.planning import plan_cluster, snapshot
 from unicron.planning.throughput import LinearThroughput
 from unicron.services.detector.signals import from_exception
 from unicron.services.executor.progress import ProgressTracker
-from unicron.shared.models import (
+from unicron.shared.contracts.models import (
     FailureRecord,
     Job,
     JobSpec,
@@ -27,9 +26,14 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.reports import WORKER_REPORT, StepCompleted, WorkerException, WorkerRegrouped
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
-from unicron.shared.transitions import (
+from unicron.shared.contracts.reports import (
+    WORKER_REPORT,
+    StepCompleted,
+    WorkerException,
+    WorkerRegrouped,
+)
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.transitions import (
     IN_PLACE_ACTIONS,
     LAUNCHES,
     QUIET,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from unicron.shared.messages import FaultKind, FaultSpec, RegroupDirective, Rendezvous
-from unicron.shared.models import JobSpec
-from unicron.shared.workerchannel import (
+from unicron.shared.contracts.messages import FaultKind, FaultSpec, RegroupDirective, Rendezvous
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.workerchannel import (
     DirectiveError,
     FaultDirective,
     ScriptLaunch,

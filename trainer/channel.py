@@ -2,8 +2,8 @@
 
 Worker → agent: a ``Hello`` line, then each report model (``StepCompleted``, ``WorkerPhase``,
 ``WorkerException``, …) as one line of ``model_dump_json()``. Agent → worker: one
-``WorkerDirective`` a line (:mod:`shared.workerchannel`), parsed here and handed to a callback;
-a line that is not a valid directive is logged and dropped.
+``WorkerDirective`` a line (:mod:`unicron.shared.contracts.workerchannel`), parsed here and handed
+to a callback; a line that is not a valid directive is logged and dropped.
 
 Training must never wait on the agent (docs/design.md §6), nor pay more than a microsecond a report
 for telling it: :meth:`AgentChannel.send` appends the report object to a bounded deque (atomic,
@@ -27,11 +27,15 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from unicron.shared.contracts.reports import StepCompleted, WorkerPhase
+from unicron.shared.contracts.workerchannel import (
+    AnyWorkerDirective,
+    DirectiveError,
+    parse_directive,
+)
 from unicron.shared.logging import get_logger
-from unicron.shared.reports import StepCompleted, WorkerPhase
-from unicron.shared.workerchannel import AnyWorkerDirective, DirectiveError, parse_directive
 
-log = get_logger(component="trainer.channel")
+log = get_logger(component="unicron.trainer.channel")
 
 QUEUE_LIMIT = 1024
 BATCH_S = 0.01  # how long a routine report may wait for company; the agent's latency budget

@@ -2,7 +2,7 @@
 
 A checkpoint is ``<dir>/step-<n>.pt`` holding the model, the optimizer (and the learning-rate
 scheduler, when the run has one) and the step. ``<dir>`` is the node's own (under the agent's
-``UNICRON_DATA_DIR``), never shared: every node keeps its own copy (:mod:`trainer.storage`
+``UNICRON_DATA_DIR``), never shared: every node keeps its own copy (:mod:`unicron.trainer.storage`
 decides who writes it). A file is written to a temporary name in the same directory and
 renamed into place, so a reader never sees half a file even if the writer dies mid-way. Only
 the newest few are kept.
@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
 from unicron.trainer.parallel import Scheduler
 
 KEEP_LAST = 3

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import re
 
-from unicron.shared.taxonomy import FailureCategory as C
+from unicron.shared.contracts.taxonomy import FailureCategory as C
 
 
 def _any(*patterns: str, flags: int = re.IGNORECASE) -> re.Pattern[str]:

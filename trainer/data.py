@@ -13,8 +13,7 @@ from __future__ import annotations
 import functools
 
 import torch
-
-from unicron.shared.models import ModelConfig
+from unicron.shared.contracts.models import ModelConfig
 
 # Successors per token: few enough that the chain has structure worth learning.
 BRANCHING = 4

@@ -13,14 +13,15 @@ loop body) does each forward and backward between two of them:
   down, and the rank *parks* with its memory until a directive comes (bounded by the park
   timeout, after which it fails as before);
 - a regroup joins the new group through the agent's store under the directive's prefix, hands
-  the state off (:mod:`trainer.handoff`), sends a new ``WorkerHello`` and ``WorkerRegrouped``
-  and steps on; a worker launched with ``state_source_rank`` starts the same way, as a joiner;
+  the state off (:mod:`unicron.trainer.handoff`), sends a new ``WorkerHello`` and
+  ``WorkerRegrouped`` and steps on; a worker launched with ``state_source_rank`` starts the same
+  way, as a joiner;
 - when the transfer itself fails (the source died), a rank without state takes the newest
-  checkpoint it reaches alone (:func:`trainer.resume.fall_back_to_disk`), reports
+  checkpoint it reaches alone (:func:`unicron.trainer.resume.fall_back_to_disk`), reports
   ``WorkerRegrouped(state_source="disk")`` and parks for the next group.
 
-Its checkpoints are a :class:`~trainer.storage.CheckpointStore`: the node's directory and the
-object store, if the job has one; a run that finishes waits there for its last upload.
+Its checkpoints are a :class:`~unicron.trainer.storage.CheckpointStore`: the node's directory and
+the object store, if the job has one; a run that finishes waits there for its last upload.
 """
 
 from __future__ import annotations
@@ -35,23 +36,23 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-
-from unicron.shared.identity import who
+from unicron.shared.contracts.identity import who
+from unicron.shared.contracts.messages import GroupSeat, RegroupDirective
+from unicron.shared.contracts.reports import WorkerHello, WorkerRegrouped
+from unicron.shared.contracts.transitions import StateSource
+from unicron.shared.contracts.workerchannel import WorkerLaunch
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import GroupSeat, RegroupDirective
-from unicron.shared.reports import WorkerHello, WorkerRegrouped
-from unicron.shared.transitions import StateSource
-from unicron.shared.workerchannel import WorkerLaunch
 from unicron.trainer.faults import FaultInbox
-from unicron.trainer.handoff import Handoff, Replica, hand_off
+from unicron.trainer.handoff import Handoff, hand_off
 from unicron.trainer.ledger import Ledger
 from unicron.trainer.loop import Channel, StepMonitor, Trainee, step_micro_batches
 from unicron.trainer.parallel import StepInterrupted
 from unicron.trainer.regroup import PendingRegroup, RegroupInbox, is_peer_failure
+from unicron.trainer.replica import Replica
 from unicron.trainer.resume import fall_back_to_disk, resume_from_checkpoint
 from unicron.trainer.storage import CheckpointStore
 
-log = get_logger(component="trainer.elastic")
+log = get_logger(component="unicron.trainer.elastic")
 
 T = TypeVar("T")
 Join = Callable[[WorkerLaunch], dist.ProcessGroup | None]

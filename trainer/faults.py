@@ -1,8 +1,8 @@
 """Fault drills inside a worker: make this rank fail the way real ranks fail.
 
-The agent forwards a ``FaultDirective`` (:mod:`shared.workerchannel`) over the local channel.
-The channel's reader thread hands its ``FaultSpec`` to :class:`FaultInbox`, which only
-parks it; the training thread asks the inbox at the start of each step's compute and fires
+The agent forwards a ``FaultDirective`` (:mod:`unicron.shared.contracts.workerchannel`) over the
+local channel. The channel's reader thread hands its ``FaultSpec`` to :class:`FaultInbox`, which
+only parks it; the training thread asks the inbox at the start of each step's compute and fires
 what is due there, so a fault always strikes at a step boundary of the training thread:
 
 - crash: SIGKILL to itself — no report, like a process the kernel or a segfault took;
@@ -19,10 +19,10 @@ import os
 import signal
 import threading
 
+from unicron.shared.contracts.messages import FaultKind, FaultSpec
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import FaultKind, FaultSpec
 
-log = get_logger(component="trainer.faults")
+log = get_logger(component="unicron.trainer.faults")
 
 
 class FaultInbox:

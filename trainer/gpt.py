@@ -1,7 +1,7 @@
 """The built-in GPT trainer (``trainer: "gpt"``), written as a user of :mod:`unicron.train`.
 
-Nothing here is special to the runtime: the reference model of :mod:`trainer.model`, AdamW,
-and the synthetic Markov data of :mod:`trainer.data` passed to ``run.batches`` as a
+Nothing here is special to the runtime: the reference model of :mod:`unicron.trainer.model`, AdamW,
+and the synthetic Markov data of :mod:`unicron.trainer.data` passed to ``run.batches`` as a
 ``source(step, index)``. :func:`train_step` is the same step driven with a loss function, in
 one process or group, for reference runs (tests, the torchrun baselines of the benchmarks).
 """
@@ -12,13 +12,12 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-
-from unicron.shared.models import JobSpec
-from unicron.train import Run
+from unicron.shared.contracts.models import JobSpec
 from unicron.trainer.data import micro_batch
 from unicron.trainer.model import GPT, build_model
 from unicron.trainer.parallel import drive, new_work
 from unicron.trainer.parallel import train_step as step_generator
+from unicron.trainer.run import Run
 
 # Fixed by design: the reference trainer has no schedule so resumed runs need no extra state.
 LEARNING_RATE = 3e-3

@@ -18,7 +18,7 @@ then decides the same thing on every rank:
   step's rounding difference into a 0.26 relative difference of its parameters a thousand
   steps later (the MLP of ``bench/user_job.py``);
 - when no rank holds state (a group of joiners only), the group resumes from the newest
-  checkpoint any rank reaches (:mod:`trainer.resume`).
+  checkpoint any rank reaches (:mod:`unicron.trainer.resume`).
 
 The state is whatever the user's run wrapped: its model, optimizer and scheduler.
 """
@@ -28,36 +28,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
-from torch import nn
-
+from unicron.shared.contracts.transitions import StateSource
 from unicron.shared.logging import get_logger
-from unicron.shared.transitions import StateSource
-from unicron.trainer import checkpoint
-from unicron.trainer.parallel import Scheduler, StepWork
+from unicron.trainer.parallel import StepWork
+from unicron.trainer.replica import Replica
 from unicron.trainer.resume import object_device, resume_from_checkpoint
 from unicron.trainer.storage import CheckpointStore
 
-log = get_logger(component="trainer.handoff")
-
-
-@dataclass
-class Replica:
-    """This rank's training state in memory, kept across regroups."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    next_step: int
-    has_state: bool  # False for a joiner until a peer (or the disk) gives it the state
-    work: StepWork | None = None
-    scheduler: Scheduler | None = None
-
-    def capture(self, step: int) -> checkpoint.TrainState:
-        return checkpoint.capture(self.model, self.optimizer, step, self.scheduler)
-
-    def restore(self, state: checkpoint.TrainState) -> int:
-        return checkpoint.restore(self.model, self.optimizer, state, self.scheduler)
+log = get_logger(component="unicron.trainer.handoff")
 
 
 @dataclass(frozen=True)
@@ -119,7 +98,7 @@ def deal(kept: dict[int, list[int]], world: int, total: int) -> dict[int, list[i
     cover, dealt over ``world`` ranks.
 
     Without faults, rank ``r`` sums the indices ``i % world == r`` in ascending order
-    (:func:`trainer.parallel.micro_batches_for`). Here each such residue class goes whole to
+    (:func:`unicron.trainer.parallel.micro_batches_for`). Here each such residue class goes whole to
     one rank: the class of a rank's kept indices to that rank, every other class to a rank
     that kept nothing (class ``c`` to rank ``c`` when it is free). Each rank then holds the
     partial sum of one class, summed in the same order, so the all-reduce adds the same terms

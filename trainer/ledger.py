@@ -1,8 +1,8 @@
 """The sample ledger: which micro-batches of each step reached the optimizer, and how often.
 
 Every step's all-reduce carries a count per micro-batch index (see
-:func:`trainer.parallel.reduce_work`), so every rank learns how many times each sample of the
-global batch was summed into the update — across regroups, shrinks and partial-step reuse.
+:func:`unicron.trainer.parallel.reduce_work`), so every rank learns how many times each sample of
+the global batch was summed into the update — across regroups, shrinks and partial-step reuse.
 Each rank keeps the entries in memory; rank 0 of whichever generation is current also appends
 them to ``<checkpoint_dir>/ledger.jsonl``, so a test or an operator can check after the fact
 that every sample of every step was used exactly once (docs/design.md §5).

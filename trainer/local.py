@@ -12,14 +12,13 @@ from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
-
+from unicron.shared.contracts.messages import Rendezvous
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.workerchannel import WorkerEnv, WorkerLaunch, env_name
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import Rendezvous
-from unicron.shared.models import JobSpec
-from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch, env_name
 from unicron.trainer.channel import Report
 
-log = get_logger(component="trainer.local")
+log = get_logger(component="unicron.trainer.local")
 
 
 class Offline:

@@ -1,8 +1,8 @@
 """One training step of a rank as the runtime runs it, and the monitor that watches it.
 
-:func:`step_micro_batches` is a rank's step: :func:`trainer.parallel.train_step` plus the
+:func:`step_micro_batches` is a rank's step: :func:`unicron.trainer.parallel.train_step` plus the
 sample ledger, the step report and the node's checkpoint (one rank per node writes it,
-:mod:`trainer.storage`). It yields micro-batch indices and the caller does each forward and
+:mod:`unicron.trainer.storage`). It yields micro-batch indices and the caller does each forward and
 backward (the user's loop body, through :mod:`unicron.train`); :func:`run_step` drives it
 with the trainee's own loss function, which is how the overhead benchmark runs the same step
 with a :class:`StepMonitor` and bare (``monitor=None``) to measure what monitoring costs.
@@ -29,10 +29,9 @@ from typing import Literal, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-
-from unicron.shared.identity import who
-from unicron.shared.reports import StepCompleted, WorkerPhase
-from unicron.shared.workerchannel import WorkerLaunch
+from unicron.shared.contracts.identity import who
+from unicron.shared.contracts.reports import StepCompleted, WorkerPhase
+from unicron.shared.contracts.workerchannel import WorkerLaunch
 from unicron.trainer import checkpoint
 from unicron.trainer.channel import Report
 from unicron.trainer.faults import FaultInbox, FaultInjector
@@ -44,7 +43,7 @@ Phase = Literal["compute", "collective", "checkpoint"]
 
 
 class Channel(Protocol):
-    """Where a rank's reports go: the agent's :class:`~trainer.channel.AgentChannel`, or
+    """Where a rank's reports go: the agent's :class:`~unicron.trainer.channel.AgentChannel`, or
     nowhere for a script run outside Unicron."""
 
     def send(self, report: Report) -> None: ...

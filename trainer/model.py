@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from unicron.shared.models import ModelConfig
+from unicron.shared.contracts.models import ModelConfig
 from unicron.trainer.data import derive_seed
 
 _INIT_STD = 0.02

@@ -29,11 +29,10 @@ from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
-
 from unicron.shared.logging import get_logger
 from unicron.trainer.checkpoint import KEEP_LAST, checkpoint_path
 
-log = get_logger(component="trainer.objectstore")
+log = get_logger(component="unicron.trainer.objectstore")
 
 _MARKER = re.compile(r"^step-(\d+)\.done$")
 _DATA = re.compile(r"^step-(\d+)\.pt$")

@@ -1,7 +1,7 @@
 """Regroup directives waiting for the training thread, and when a worker may wait for one.
 
-The agent hands a worker a ``RegroupDirective`` (:mod:`shared.workerchannel`) over the local
-channel to re-form its process group in place under a new generation (docs/design.md §5).
+The agent hands a worker a ``RegroupDirective`` (:mod:`unicron.shared.contracts.workerchannel`) over
+the local channel to re-form its process group in place under a new generation (docs/design.md §5).
 The channel's reader thread parks it here; the training thread looks between micro-batches
 (:meth:`RegroupInbox.pending` is one unlocked read) and applies it at once, or waits for one
 while *parked* after a peer failure. Only the newest generation above the current one is
@@ -19,13 +19,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from unicron.shared.contracts.messages import RegroupDirective
+from unicron.shared.contracts.taxonomy import FailureCategory
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import RegroupDirective
-from unicron.shared.taxonomy import FailureCategory
 from unicron.trainer.classify import classify
 from unicron.trainer.sever import sever
 
-log = get_logger(component="trainer.regroup")
+log = get_logger(component="unicron.trainer.regroup")
 
 # What a collective raises when a peer died or the network between them broke.
 PEER_FAILURES = frozenset(

@@ -2,7 +2,7 @@
 
 Nodes share no filesystem, and after a restart rank 0 may sit on a node that never had the
 newest checkpoint (its old node died). So every rank offers the newest copy it can reach —
-its node's, and for rank 0 also the object store's (:class:`trainer.storage.Offer`) — the
+its node's, and for rank 0 also the object store's (:class:`unicron.trainer.storage.Offer`) — the
 ranks all-gather the offers, the newest wins (a disk copy before a download at the same step,
 then the lowest rank), and its holder reads it and broadcasts it. A holder that cannot read
 its copy broadcasts nothing, passes that copy over, and the ranks choose again.
@@ -13,19 +13,14 @@ need not be built identically on every rank.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
-
+from unicron.shared.contracts.transitions import StateSource
 from unicron.shared.logging import get_logger
-from unicron.shared.transitions import StateSource
+from unicron.trainer.replica import Replica
 from unicron.trainer.storage import CheckpointStore, Offer
 
-if TYPE_CHECKING:  # handoff resumes through this module when no rank holds state
-    from unicron.trainer.handoff import Replica
-
-log = get_logger(component="trainer.resume")
+log = get_logger(component="unicron.trainer.resume")
 
 
 def newest_holder(offers: list[Offer | None]) -> int | None:

@@ -1,14 +1,14 @@
 """The worker runtime: what one rank of a job needs around the user's training loop.
 
 :class:`Runtime` says hello to the agent over the local channel, routes the agent's
-directives (fault drills to :mod:`trainer.faults`, regroups to :mod:`trainer.regroup`), joins
-the generation's process group through the agent-hosted TCP store, and once the user's model
-and optimizer are known runs them as an :class:`~trainer.elastic.ElasticRank`. It reports
-each exception that ends the rank *once*, classified, before the process dies, so the control
-plane knows why a rank failed within seconds (docs/design.md §3); :mod:`unicron.train` is the
-public face that calls it.
+directives (fault drills to :mod:`unicron.trainer.faults`, regroups to
+:mod:`unicron.trainer.regroup`), joins the generation's process group through the agent-hosted TCP
+store, and once the user's model and optimizer are known runs them as an
+:class:`~unicron.trainer.elastic.ElasticRank`. It reports each exception that ends the rank *once*,
+classified, before the process dies, so the control plane knows why a rank failed within seconds
+(docs/design.md §3); :mod:`unicron.train` is the public face that calls it.
 
-Outside Unicron (no launch) the runtime is *local* (:mod:`trainer.local`): one process, no
+Outside Unicron (no launch) the runtime is *local* (:mod:`unicron.trainer.local`): one process, no
 agent, no process group — the same code path, for debugging a script.
 """
 
@@ -27,29 +27,28 @@ import torch.distributed as dist
 
 # torch re-exports the stores from its C extension without listing them for type checkers.
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
-
-from unicron.shared.identity import who
-from unicron.shared.logging import get_logger
-from unicron.shared.messages import RegroupDirective
-from unicron.shared.models import JobSpec
-from unicron.shared.reports import WorkerException, WorkerHello
-from unicron.shared.workerchannel import (
+from unicron.shared.contracts.identity import who
+from unicron.shared.contracts.messages import RegroupDirective
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.reports import WorkerException, WorkerHello
+from unicron.shared.contracts.workerchannel import (
     AnyWorkerDirective,
     FaultDirective,
     WorkerEnv,
     WorkerLaunch,
 )
+from unicron.shared.logging import get_logger
 from unicron.trainer.channel import AgentChannel
 from unicron.trainer.classify import classify, describe_chain
 from unicron.trainer.elastic import ElasticRank, ParkExpired
 from unicron.trainer.faults import FaultInbox
-from unicron.trainer.handoff import Replica
 from unicron.trainer.local import Offline, local_launch, local_spec
 from unicron.trainer.loop import Channel
 from unicron.trainer.parallel import Scheduler
 from unicron.trainer.regroup import RegroupInbox
+from unicron.trainer.replica import Replica
 
-log = get_logger(component="trainer.runtime")
+log = get_logger(component="unicron.trainer.runtime")
 
 # Reports carry the message for people and the detector; the full text stays in the log.
 MESSAGE_LIMIT = 4000

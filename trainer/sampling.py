@@ -23,8 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch.utils.data import default_collate
-
-from unicron.shared.models import JobSpec
+from unicron.shared.contracts.models import JobSpec
 from unicron.trainer.data import derive_seed
 
 Source = Callable[[int, int], Any]

@@ -1,9 +1,9 @@
 """Sever this process's TCP connections to hosts the control plane declared lost.
 
 A peer that dies on a live host resets its connections, so a collective waiting on it fails at
-once and the worker parks (:mod:`trainer.regroup`). A peer behind a cut link or a dead machine
-says nothing: the collective would wait out its timeout (minutes) while the rest of the job has
-already been re-planned. A regroup directive names the hosts the new generation leaves behind as
+once and the worker parks (:mod:`unicron.trainer.regroup`). A peer behind a cut link or a dead
+machine says nothing: the collective would wait out its timeout (minutes) while the rest of the job
+has already been re-planned. A regroup directive names the hosts the new generation leaves behind as
 lost (``RegroupDirective.lost_hosts``); shutting this process's connections to them down makes
 the blocked collective fail now, exactly as if the peer had reset them, and the worker parks and
 takes the directive. The sockets belong to the old process group, which the regroup abandons.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from unicron.shared.logging import get_logger
 
-log = get_logger(component="trainer.sever")
+log = get_logger(component="unicron.trainer.sever")
 
 PROC = Path("/proc/self")
 

@@ -1,12 +1,12 @@
 """Warm spares: a worker process started before it is needed, waiting for its launch.
 
 A fresh Python + torch process needs about 1.7 s before its first step (docs/design.md §5); a
-replacement rank taken from a spare skips that. ``python -m trainer.worker --spare`` (or
+replacement rank taken from a spare skips that. ``python -m unicron.trainer.worker --spare`` (or
 ``UNICRON_WORKER_SPARE=1``) imports torch and the runtime, connects to the agent's local
 channel at ``UNICRON_AGENT_SOCKET`` and says hello as a spare — a ``WorkerHello`` with
 ``job_id=""``, ``generation=-1`` and ``rank=-1`` (the agent tells spares apart by the
 connection's peer pid, ``SO_PEERCRED``, since it started them). It then waits for one
-``SpareLaunch`` directive (:mod:`shared.workerchannel`),
+``SpareLaunch`` directive (:mod:`unicron.shared.contracts.workerchannel`),
 closes that connection and runs exactly as a worker started with that launch: the reference
 trainer, or — with ``script`` — the job's own Python script or module, run in this process with
 the argv, environment and working directory a fresh process would have had (:func:`run_script`).
@@ -25,16 +25,16 @@ import socket
 import sys
 import time
 
-from unicron.shared.logging import get_logger
-from unicron.shared.reports import WorkerHello
-from unicron.shared.workerchannel import (
+from unicron.shared.contracts.reports import WorkerHello
+from unicron.shared.contracts.workerchannel import (
     DirectiveError,
     ScriptLaunch,
     SpareLaunch,
     parse_directive,
 )
+from unicron.shared.logging import get_logger
 
-log = get_logger(component="trainer.spare")
+log = get_logger(component="unicron.trainer.spare")
 
 SPARE_HELLO = WorkerHello(job_id="", generation=-1, rank=-1)
 

@@ -4,16 +4,16 @@ No filesystem is shared between nodes. Every rank holds the whole model and opti
 trainer is data parallel), so a copy on every node costs no network: each node keeps one copy
 of each checkpoint in its own directory, written by one rank of that node —
 
-- rank 0 claims the step (:func:`trainer.checkpoint.claim`) *before* the step's all-reduce,
+- rank 0 claims the step (:func:`unicron.trainer.checkpoint.claim`) *before* the step's all-reduce,
   the other ranks after it, so on rank 0's node rank 0 always wins: no rank of the step can
   leave the all-reduce before rank 0 entered it. On any other node the first rank to claim
   writes. A rank that loses a claim only pays one failed ``open``.
 - rank 0 also uploads its copy to object storage when ``UNICRON_CHECKPOINT_URL`` is set
-  (:mod:`trainer.objectstore`), so a restart can continue even if no node of the old job is
+  (:mod:`unicron.trainer.objectstore`), so a restart can continue even if no node of the old job is
   left.
 
 On a restart every rank offers the newest copy it can reach (its node's newest, and for rank
-0 also the object store's); :mod:`trainer.resume` picks the newest and its holder sends it.
+0 also the object store's); :mod:`unicron.trainer.resume` picks the newest and its holder sends it.
 
 ``torch.distributed.checkpoint`` is not used: it is for state sharded across ranks (FSDP,
 tensor parallel), where each rank saves and loads only its shard. Here every rank holds the
@@ -25,13 +25,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.workerchannel import WorkerEnv, WorkerLaunch
 from unicron.shared.logging import get_logger
-from unicron.shared.models import JobSpec
-from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch
 from unicron.trainer import checkpoint
 from unicron.trainer.objectstore import RemoteCheckpoints, Uploader
 
-log = get_logger(component="trainer.storage")
+log = get_logger(component="unicron.trainer.storage")
 
 # How long a run that finished waits for its last upload before it leaves without it.
 UPLOAD_DRAIN_S = 300.0

@@ -1,9 +1,9 @@
-"""Entrypoint of a worker process of the built-in GPT trainer: ``python -m trainer.worker
-[--spare]``; it runs :mod:`trainer.gpt`, a script on the public :mod:`unicron.train` API.
+"""Entrypoint of a worker process of the built-in GPT trainer: ``python -m unicron.trainer.worker
+[--spare]``; it runs :mod:`unicron.trainer.gpt`, a script on the public :mod:`unicron.train` API.
 
 The node agent starts one per rank with the JSON of a ``WorkerLaunch`` in the environment
 variable ``UNICRON_WORKER_LAUNCH``, or a warm spare (``--spare`` or ``UNICRON_WORKER_SPARE=1``)
-that gets its launch later over the agent socket (:mod:`trainer.spare`). Exit codes: 0 the
+that gets its launch later over the agent socket (:mod:`unicron.trainer.spare`). Exit codes: 0 the
 job's last step is done (or a spare was released), 1 a step failed (and a
 ``WorkerException`` was sent to the agent first), 2 the launch was missing or invalid
 (nothing was started; the reason is on stderr).
@@ -11,15 +11,11 @@ job's last step is done (or a spare was released), 1 a step failed (and a
 
 from __future__ import annotations
 
-import os
 import sys
 
+from unicron.shared.contracts.workerchannel import WorkerEnv, WorkerLaunch, env_name
 from unicron.shared.logging import configure_logging
-from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch, env_name
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_LAUNCH = 2
+from unicron.trainer.exits import EXIT_BAD_LAUNCH, EXIT_OK, exit_now
 
 
 def read_launch(environ: dict[str, str] | None = None) -> WorkerLaunch:
@@ -40,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         env = WorkerEnv.read()
         launch = None if "--spare" in args or env.spare else required_launch(env)
     except ValueError as exc:
-        print(f"trainer.worker: {exc}", file=sys.stderr)
+        print(f"unicron.trainer.worker: {exc}", file=sys.stderr)
         return EXIT_BAD_LAUNCH
     if launch is None:
         return spare_main(env)
@@ -52,8 +48,8 @@ def train_gpt(launch: WorkerLaunch) -> int:
     """Run the GPT trainer for ``launch``; an exception that ends it is reported and exits 1
     through the hook :func:`unicron.train.init` installs."""
     # Imported only now so that a bad launch fails fast, without loading torch.
-    from unicron.train import init
     from unicron.trainer import gpt
+    from unicron.trainer.run import init
 
     run = init(launch)
     gpt.train(run)
@@ -62,19 +58,22 @@ def train_gpt(launch: WorkerLaunch) -> int:
 
 
 def spare_main(env: WorkerEnv) -> int:
-    """A warm spare: load torch now, wait for a launch, then run it (see trainer.spare)."""
+    """A warm spare: load torch now, wait for a launch, then run it (see unicron.trainer.spare)."""
     from unicron.trainer import spare
 
     configure_logging("unicron.trainer.spare")
     path = env.agent_socket
     if not path:
-        print(f"trainer.worker: {env_name('agent_socket')} is not set for a spare", file=sys.stderr)
+        print(
+            f"unicron.trainer.worker: {env_name('agent_socket')} is not set for a spare",
+            file=sys.stderr,
+        )
         return EXIT_BAD_LAUNCH
     spare.warm_up()
     try:
         taken = spare.wait_for_launch(path)
     except (OSError, ValueError) as exc:
-        print(f"trainer.worker: spare got no valid launch: {exc}", file=sys.stderr)
+        print(f"unicron.trainer.worker: spare got no valid launch: {exc}", file=sys.stderr)
         return EXIT_BAD_LAUNCH
     if taken is None:
         return EXIT_OK  # released by the agent
@@ -82,16 +81,6 @@ def spare_main(env: WorkerEnv) -> int:
     if taken.script is not None:
         return spare.run_script(taken.script)
     return train_gpt(taken.launch)
-
-
-def exit_now(code: int) -> None:
-    """Leave without running interpreter teardown, which can hang on a broken process group.
-
-    Everything worth keeping (reports, checkpoints) is already out when the run is closed.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

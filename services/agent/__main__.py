@@ -1,4 +1,4 @@
-"""``python -m services.agent``: run this node's agent until SIGTERM or SIGINT.
+"""``python -m unicron.services.agent``: run this node's agent until SIGTERM or SIGINT.
 
 Bad settings and an address peers could not reach end the start with exit code 2 and a line
 that names the setting to fix, before the agent connects to anything.
@@ -10,7 +10,6 @@ import functools
 import sys
 
 from pydantic import ValidationError
-
 from unicron.services.agent.address import AddressError, advertised_host
 from unicron.services.agent.agent import run
 from unicron.services.agent.settings import AgentSettings

@@ -1,12 +1,12 @@
 """The agent's service body: registers the node, heartbeats, and serves commands.
 
 On start it hosts the node's rendezvous store at the address peers reach it at
-(``services.agent.address``) and checks that it answers there, hosts the workers' local
-channel, finds the node's GPUs, registers the node (``services.agent.heartbeat``) and announces
-``node.joined``. The heartbeat only needs Redis and the outbox only needs NATS, so either going
-away stops neither; commands arrive on the node's durable consumer, one at a time. Hang
+(``unicron.services.agent.address``) and checks that it answers there, hosts the workers' local
+channel, finds the node's GPUs, registers the node (``unicron.services.agent.heartbeat``) and
+announces ``node.joined``. The heartbeat only needs Redis and the outbox only needs NATS, so either
+going away stops neither; commands arrive on the node's durable consumer, one at a time. Hang
 detection watches the workers' steps for as long as the agent runs, and a heartbeat silent for
-``node_timeout_s`` stops every worker (``services.agent.fence``).
+``node_timeout_s`` stops every worker (``unicron.services.agent.fence``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import contextlib
 import uuid
 
 import structlog
-
 from unicron.services.agent.address import AddressError, advertised_host, check_reachable
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.failures import launch_failure_reports
@@ -36,10 +35,9 @@ from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.spares import SparePool
 from unicron.services.agent.store import RendezvousStore, StorePortsExhaustedError
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
-from unicron.shared.bus import Bus
-from unicron.shared.identity import WorkerKey
-from unicron.shared.logging import get_logger
-from unicron.shared.messages import (
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.identity import WorkerKey
+from unicron.shared.contracts.messages import (
     AGENT_COMMAND,
     AnyAgentCommand,
     InjectFault,
@@ -49,9 +47,10 @@ from unicron.shared.messages import (
     command_subject,
     ping_subject,
 )
-from unicron.shared.natsauth import agent_user
+from unicron.shared.contracts.roles import agent_user
+from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
 
 log = get_logger(component="agent")
 SPARE_TRAINER = "gpt"  # spares are pre-started for this trainer's entrypoint
@@ -274,7 +273,8 @@ class Agent:
 async def run(
     bus: Bus, state: StateStore, stop: asyncio.Event, settings: AgentSettings | None = None
 ) -> None:
-    """The agent as a ``shared.service.ServiceBody``; settings come from the env by default."""
+    """The agent as a ``unicron.shared.service.ServiceBody``; settings come from the env by
+    default."""
     settings = settings or AgentSettings()
     structlog.contextvars.bind_contextvars(node_id=settings.node_id)
     try:

@@ -4,8 +4,8 @@ The supervisor, the warm spares and the local channel each need a little of anot
 supervisor takes starts from the spares, the spares reach their processes through the channel,
 and the channel learns from the supervisor and the spares who a connecting process is. Each
 depends on a protocol here, never on another's module, and the agent
-(:mod:`services.agent.agent`) builds them and passes each what it needs when it constructs it.
-What the parts share as data is in :mod:`services.agent.workers`.
+(:mod:`unicron.services.agent.agent`) builds them and passes each what it needs when it constructs
+it. What the parts share as data is in :mod:`unicron.services.agent.workers`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from unicron.shared.identity import WorkerKey
-from unicron.shared.reports import AnyWorkerReport
-from unicron.shared.workerchannel import AnyWorkerDirective, SpareLaunch
+from unicron.shared.contracts.identity import WorkerKey
+from unicron.shared.contracts.reports import AnyWorkerReport
+from unicron.shared.contracts.workerchannel import AnyWorkerDirective, SpareLaunch
 
 Report = AnyWorkerReport
 
@@ -67,12 +67,13 @@ class SpareSource(Protocol):
 
 
 class Replier(Protocol):
-    """Core-NATS request/reply, as the log server answers the API (``shared.bus.Bus``)."""
+    """Core-NATS request/reply, as the log server answers the API
+    (``unicron.shared.bus.bus.Bus``)."""
 
     async def serve(self, subject: str, answer: Answer) -> None: ...
 
 
 class PackageSource(Protocol):
-    """Where job packages come from (``shared.bus.Bus``, from its object store)."""
+    """Where job packages come from (``unicron.shared.bus.bus.Bus``, from its object store)."""
 
     async def package(self, sha256: str) -> bytes: ...

@@ -20,11 +20,9 @@ import struct
 from pathlib import Path
 
 from pydantic import ValidationError
-
 from unicron.services.agent.api import Advance, Identify, Observe, Report, Sink
-from unicron.shared.identity import WorkerKey
-from unicron.shared.logging import get_logger
-from unicron.shared.reports import (
+from unicron.shared.contracts.identity import WorkerKey
+from unicron.shared.contracts.reports import (
     WORKER_REPORT,
     WorkerExited,
     WorkerHello,
@@ -32,7 +30,8 @@ from unicron.shared.reports import (
     WorkerPhase,
     WorkerStarted,
 )
-from unicron.shared.workerchannel import AnyWorkerDirective, directive_line
+from unicron.shared.contracts.workerchannel import AnyWorkerDirective, directive_line
+from unicron.shared.logging import get_logger
 
 MAX_LINE = 1 << 20  # a report is a few hundred bytes; anything near this is garbage
 SEND_TIMEOUT_S = 1.0

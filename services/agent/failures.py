@@ -1,7 +1,7 @@
 """What the agent reports for a worker that failed without saying why.
 
 A plain script reports nothing in-band: when it exits non-zero the agent reads its log's tail
-(:mod:`services.agent.tracebacks`) and reports the exception found there as a
+(:mod:`unicron.services.agent.tracebacks`) and reports the exception found there as a
 ``WorkerException``. A command that cannot be executed at all (a missing program or working
 directory, no permission) never becomes a process: it is reported as a launch failure, which
 ends the job at once, since restarting it would fail the same way.
@@ -13,10 +13,10 @@ import errno
 from pathlib import Path
 
 from unicron.services.agent.tracebacks import classify_log, read_tail
-from unicron.shared.identity import WorkerKey
-from unicron.shared.messages import StartWorker
-from unicron.shared.reports import WorkerException, WorkerExited
-from unicron.shared.taxonomy import FailureCategory
+from unicron.shared.contracts.identity import WorkerKey
+from unicron.shared.contracts.messages import StartWorker
+from unicron.shared.contracts.reports import WorkerException, WorkerExited
+from unicron.shared.contracts.taxonomy import FailureCategory
 
 # exec errors of a command that can never run here, with the exit code a shell would give
 _EXIT_CODES = {errno.ENOENT: 127, errno.ENOTDIR: 127, errno.EACCES: 126, errno.ENOEXEC: 126}

@@ -13,10 +13,10 @@ from collections import OrderedDict
 
 from unicron.services.agent.api import WorkerLink
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
-from unicron.shared.identity import WorkerKey
+from unicron.shared.contracts.identity import WorkerKey
+from unicron.shared.contracts.messages import FaultKind, InjectFault
+from unicron.shared.contracts.workerchannel import FaultDirective
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import FaultKind, InjectFault
-from unicron.shared.workerchannel import FaultDirective
 
 log = get_logger(component="faults")
 REMEMBERED = 1024  # command ids kept to drop a redelivered drill

@@ -9,7 +9,7 @@ and could write a checkpoint, until it is back. So when no heartbeat has landed 
 round trip either, the agent kills every worker's process group, as a stop does.
 
 A Redis that is away for every node is not a cut-off: the detector judges no one while it
-cannot hear (``shared.hearing``), NATS still answers, and the workers keep stepping
+cannot hear (``unicron.shared.store.hearing``), NATS still answers, and the workers keep stepping
 (docs/design.md §6). NATS away alone never makes a node lost. A heartbeat that lands again lifts
 the fence; it refreshes the node's record, now with no workers, and the detector takes a LOST
 node back to READY.
@@ -23,10 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 from nats.errors import NoRespondersError
-
-from unicron.shared.bus import Bus
+from unicron.shared.bus.bus import Bus
+from unicron.shared.bus.natsauth import JETSTREAM_INFO
 from unicron.shared.logging import get_logger
-from unicron.shared.natsauth import JETSTREAM_INFO
 
 log = get_logger(component="fence")
 PROBE_S = 1.0  # longest NATS round trip that still counts as an answer
@@ -115,7 +114,7 @@ class Fence:
 def round_trip(bus: Bus) -> Callable[[float], Awaitable[bool]]:
     """Whether a request comes back through NATS in time. It asks JetStream for its account
     info: read-only, answered by the server itself, and a request every login may make
-    (``shared.natsauth``); an agent may not send requests to its own ping subject."""
+    (``unicron.shared.bus.natsauth``); an agent may not send requests to its own ping subject."""
 
     async def answers(timeout_s: float) -> bool:
         if not bus.connected:

@@ -35,9 +35,9 @@ from unicron.services.agent.outbox import Report, Sink
 from unicron.services.agent.procstat import process_state, runqueue_wait_s
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.supervisor import Worker
-from unicron.shared.identity import WorkerKey, who
+from unicron.shared.contracts.identity import WorkerKey, who
+from unicron.shared.contracts.reports import StepCompleted, WorkerException, WorkerHung, WorkerPhase
 from unicron.shared.logging import get_logger
-from unicron.shared.reports import StepCompleted, WorkerException, WorkerHung, WorkerPhase
 
 log = get_logger(component="hang")
 Clock = Callable[[], float]

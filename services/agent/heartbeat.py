@@ -16,10 +16,10 @@ from unicron.services.agent.outbox import Outbox
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.spares import SparePool
 from unicron.services.agent.supervisor import Supervisor
-from unicron.shared.events import NodeJoined
+from unicron.shared.contracts.events import NodeJoined
+from unicron.shared.contracts.models import NodeRecord, NodeState, NodeWorker, now
 from unicron.shared.logging import get_logger
-from unicron.shared.models import NodeRecord, NodeState, NodeWorker, now
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
 
 log = get_logger(component="agent")
 
@@ -45,7 +45,7 @@ class NodeRegistration:
         self.supervisor = supervisor
         self.spares = spares
         self.masters = masters
-        self.host = host  # the advertised address (services.agent.address)
+        self.host = host  # the advertised address (unicron.services.agent.address)
         self.store_port = store_port
         self.registered = False
 

@@ -1,10 +1,10 @@
 """What a worker process is: its argv, environment and working directory, decided in one place.
 
-A fresh launch (:mod:`services.agent.supervisor`) and a warm spare that takes a launch
-(:mod:`services.agent.spares`) both get a worker's identity from here. A job on the reference
-trainer runs ``python -m <registered module>``; a job with its own ``entrypoint`` runs that argv
-in its working directory with the environment ``torchrun`` gives a worker, so a script written
-for torchrun (``dist.init_process_group`` from the environment) runs unchanged. Everything
+A fresh launch (:mod:`unicron.services.agent.supervisor`) and a warm spare that takes a launch
+(:mod:`unicron.services.agent.spares`) both get a worker's identity from here. A job on the
+reference trainer runs ``python -m <registered module>``; a job with its own ``entrypoint`` runs
+that argv in its working directory with the environment ``torchrun`` gives a worker, so a script
+written for torchrun (``dist.init_process_group`` from the environment) runs unchanged. Everything
 comes from the job record the API accepted (``JobContext``), never from a bus message.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from unicron.services.agent.registry import EntrypointRegistry
-from unicron.shared.credentials import without_credentials
-from unicron.shared.messages import StartWorker
-from unicron.shared.models import JobSpec
-from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch
+from unicron.shared.contracts.messages import StartWorker
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.workerchannel import WorkerEnv, WorkerLaunch
+from unicron.shared.servers.credentials import without_credentials
 
 PYTHON_NAMES = frozenset({"python", "python3"})
 

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pydantic import ValidationError
-
 from unicron.services.agent.api import Replier
 from unicron.services.agent.supervisor import _SAFE_ID, Supervisor, Worker
-from unicron.shared.identity import WorkerKey
+from unicron.shared.contracts.identity import WorkerKey
+from unicron.shared.contracts.logs import LogsReply, LogsRequest, logs_subject
 from unicron.shared.logging import get_logger
-from unicron.shared.logs import LogsReply, LogsRequest, logs_subject
 
 log = get_logger(component="logs")
 ALIAS = re.compile(r"^g(\d+)-r(\d+)\.log$")

@@ -4,9 +4,9 @@ torch's ``env://`` rendezvous with ``TORCHELASTIC_USE_AGENT_STORE=True`` connect
 as a client to ``MASTER_ADDR:MASTER_PORT`` and uses no key prefix, so a generation cannot
 reuse the store of the one before. The first agent that needs one for a (job, generation) wins
 an atomic ``add`` under the generation's prefix in the rendezvous store
-(:mod:`services.agent.store`), hosts a new TCPStore at its advertised host, on an OS-assigned
-port or the first free one of ``UNICRON_STORE_PORTS``, and publishes ``host:port`` under that
-prefix; the other agents wait for the key (bounded, in a thread: the store calls block). A
+(:mod:`unicron.services.agent.store`), hosts a new TCPStore at its advertised host, on an
+OS-assigned port or the first free one of ``UNICRON_STORE_PORTS``, and publishes ``host:port`` under
+that prefix; the other agents wait for the key (bounded, in a thread: the store calls block). A
 winner that cannot host one (the range is used up) publishes why instead, so every rank's start
 is refused with that reason at once rather than after the wait. The hosting agent closes the
 store when the generation is stopped or superseded, or when none of its local workers has run
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from unicron.services.agent.store import Ports, StorePortsExhaustedError, host_store
 from unicron.services.agent.workers import Generation
+from unicron.shared.contracts.messages import Rendezvous
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import Rendezvous
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore  # type: ignore[attr-defined]

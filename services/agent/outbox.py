@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from unicron.services.agent.api import Report as Report
 from unicron.services.agent.api import Sink as Sink
-from unicron.shared.bus import Bus
-from unicron.shared.events import EventData
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import EventData
+from unicron.shared.contracts.reports import StepCompleted
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
-from unicron.shared.reports import StepCompleted
 
 log = get_logger(component="outbox")
 

@@ -1,8 +1,8 @@
 """A job's uploaded package, unpacked on this node as the working directory of its workers.
 
 Before it starts a worker of a job whose ``working_dir`` is ``pkg://<sha256>``, the agent
-fetches the object from the packages store (:mod:`shared.packages`, which checks the sha256)
-and unpacks it under ``<data_dir>/workdirs/<job_id>``. Unpacking is safe (tarfile's "data"
+fetches the object from the packages store (:mod:`unicron.shared.bus.packages`, which checks the
+sha256) and unpacks it under ``<data_dir>/workdirs/<job_id>``. Unpacking is safe (tarfile's "data"
 filter: no absolute paths, no ``..``, no links that leave the directory, no devices; and a
 bound on the unpacked size) and atomic (a temporary directory renamed into place), so a
 half-unpacked tree is never run and later generations of the job reuse the directory.
@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from unicron.services.agent.api import PackageSource
+from unicron.shared.bus.packages import PackageError
 from unicron.shared.logging import get_logger
-from unicron.shared.packages import PackageError
 
 log = get_logger(component="packages")
 MAX_UNPACKED_BYTES = 4 * 1024**3

@@ -4,7 +4,7 @@ A ``StartWorker`` only names a job and a seat. The agent reads the job from Redi
 the API accepted), so nothing from the bus becomes a command line; a start for a job that is
 gone, over, or at another generation starts nothing. For an entrypoint job it then
 makes the working directory (an uploaded package is fetched and unpacked) and finds the
-generation's master store (:mod:`services.agent.master`).
+generation's master store (:mod:`unicron.services.agent.master`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from unicron.services.agent.launch import JobContext
 from unicron.services.agent.master import MasterStores, MasterUnavailableError
 from unicron.services.agent.packages import PackageDirs
 from unicron.services.agent.workers import CommandRejectedError
+from unicron.shared.bus.packages import PackageError
+from unicron.shared.contracts.messages import StartWorker
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import StartWorker
-from unicron.shared.packages import PackageError
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
 
 log = get_logger(component="prepare")
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")

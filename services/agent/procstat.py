@@ -1,8 +1,8 @@
 """What ``/proc`` says of a worker process: its state letter, and how long it waited for a CPU.
 
-Hang detection (:mod:`services.agent.hang`) reads both. A process stopped by a signal (``T``)
-never shows up as an exit. Time spent runnable but waiting on a run queue is not silence: on a
-busy node a healthy worker can wait there for most of a second, and counting that time as a
+Hang detection (:mod:`unicron.services.agent.hang`) reads both. A process stopped by a signal
+(``T``) never shows up as an exit. Time spent runnable but waiting on a run queue is not silence: on
+a busy node a healthy worker can wait there for most of a second, and counting that time as a
 hang restarted healthy jobs (bench/chaos.py on a 2-core machine, load 10 to 15).
 """
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from unicron.services.agent.api import WorkerLink
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
-from unicron.shared.identity import WorkerKey
+from unicron.shared.contracts.identity import WorkerKey
+from unicron.shared.contracts.messages import RegroupWorker
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import RegroupWorker
 
 log = get_logger(component="regroup")
 REMEMBERED = 4096  # regroups kept to drop a redelivered command

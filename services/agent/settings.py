@@ -2,12 +2,12 @@
 
 ``UNICRON_NODE_ID`` names the node on the bus and in Redis, ``UNICRON_SLOTS`` is how many
 workers it may run, ``UNICRON_HOST`` is the address peers use to reach its rendezvous store
-(unset: the local address of the route to NATS, ``services.agent.address``) and
+(unset: the local address of the route to NATS, ``unicron.services.agent.address``) and
 ``UNICRON_STORE_PORT`` that store's port (0: any free port), or ``UNICRON_STORE_PORTS=LO-HI``
 a range for it and the entrypoint jobs' master stores to take the first free ports of, for a
 firewall that opens only those. ``UNICRON_ENTRYPOINTS`` (JSON)
 registers extra trainer entrypoints for this node only; the bus can never add one.
-``UNICRON_HANG_*`` tune hang detection (``services.agent.hang``).
+``UNICRON_HANG_*`` tune hang detection (``unicron.services.agent.hang``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import re
 import socket
 
 from pydantic import Field, field_validator, model_validator
-
 from unicron.shared.settings import CommonSettings
 
 # A node id is one NATS subject token and part of Redis keys: no dots, wildcards or spaces.

@@ -29,11 +29,11 @@ from pathlib import Path
 from unicron.services.agent.api import LaunchFor, WorkerLink
 from unicron.services.agent.gpus import SlotPool
 from unicron.services.agent.workers import kill_group
-from unicron.shared.credentials import without_credentials
-from unicron.shared.identity import WorkerKey
+from unicron.shared.contracts.identity import WorkerKey
+from unicron.shared.contracts.workerchannel import WorkerEnv, env_name
 from unicron.shared.logging import get_logger
 from unicron.shared.procs import die_with_parent
-from unicron.shared.workerchannel import WorkerEnv, env_name
+from unicron.shared.servers.credentials import without_credentials
 
 log = get_logger(component="spares")
 # A warming spare (importing torch) must not slow the node's workers: it runs at this niceness

@@ -3,13 +3,13 @@
 Workers of every generation meet in it under a per-generation prefix, so a rendezvous
 outlives any worker that dies (docs/design.md §5). The agent binds the listening socket itself and
 hands it to torch, so the store listens on the configured address only — TCPStore alone would
-listen on every interface. By default that is the advertised address (``services.agent.address``),
-an address of this machine whether set or found from the route to NATS; only behind a NAT, where
-the advertised address is not the machine's own, does ``UNICRON_STORE_BIND_HOST`` need setting
-(0.0.0.0 then opens it on every interface).
+listen on every interface. By default that is the advertised address
+(``unicron.services.agent.address``), an address of this machine whether set or found from the route
+to NATS; only behind a NAT, where the advertised address is not the machine's own, does
+``UNICRON_STORE_BIND_HOST`` need setting (0.0.0.0 then opens it on every interface).
 
-With ``UNICRON_STORE_PORTS`` the store, and every master store (``services.agent.master``), takes
-the first free port of the range, so a firewall need open only that range.
+With ``UNICRON_STORE_PORTS`` the store, and every master store (``unicron.services.agent.master``),
+takes the first free port of the range, so a firewall need open only that range.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def host_store(bind_host: str, ports: Ports) -> TCPStore:
     sock = _listen(bind_host, ports)
     # The store connects a client of its own to this address: the one it listens on, never the
     # advertised one, where it would retry for its whole 300-s timeout if peers could not reach
-    # it (``services.agent.address`` checks that, with a clear error, once it is up).
+    # it (``unicron.services.agent.address`` checks that, with a clear error, once it is up).
     own = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind_host, bind_host)
     try:
         store = TCPStore(

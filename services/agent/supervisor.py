@@ -1,13 +1,14 @@
 """Launches this node's worker processes and reports every start and exit at once.
 
-A worker is one rank of one generation of a job: the process :mod:`services.agent.launch`
+A worker is one rank of one generation of a job: the process :mod:`unicron.services.agent.launch`
 describes (the reference trainer, or the job's own entrypoint). Each worker has a task blocked
 in ``proc.wait()``, so its exit is reported the moment the kernel reaps it, not at a poll.
 Workers run in their own process group (a stop kills helpers they forked too) and get SIGKILL
 when the agent dies, so none outlives the agent. On a node with GPUs each worker gets a device
-of its own (``services.agent.gpus``). A worker that exits non-zero without having reported an
-exception in-band (a plain script) gets one read from its log (:mod:`services.agent.tracebacks`),
-and a command that cannot be executed at all is reported as a launch failure: no retry helps.
+of its own (``unicron.services.agent.gpus``). A worker that exits non-zero without having reported
+an exception in-band (a plain script) gets one read from its log
+(:mod:`unicron.services.agent.tracebacks`), and a command that cannot be executed at all is reported
+as a launch failure: no retry helps.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from unicron.services.agent.workers import CommandRejectedError as CommandReject
 from unicron.services.agent.workers import Worker as Worker
 from unicron.services.agent.workers import WorkerKey as WorkerKey
 from unicron.services.agent.workers import kill_group
+from unicron.shared.contracts.messages import StartWorker, StopWorkers
+from unicron.shared.contracts.reports import WorkerException, WorkerExited, WorkerStarted
+from unicron.shared.contracts.workerchannel import ScriptLaunch, SpareLaunch
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import StartWorker, StopWorkers
 from unicron.shared.procs import die_with_parent
-from unicron.shared.reports import WorkerException, WorkerExited, WorkerStarted
-from unicron.shared.workerchannel import ScriptLaunch, SpareLaunch
 
 log = get_logger(component="supervisor")
 # job ids become directory names: refuse anything that could climb out of the log directory.

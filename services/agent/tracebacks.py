@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from unicron.shared.taxonomy import FailureCategory
+from unicron.shared.contracts.taxonomy import FailureCategory
 from unicron.trainer.classify import classify_text
 
 TAIL_BYTES = 64 * 1024

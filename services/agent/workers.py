@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from unicron.shared.identity import WorkerKey as WorkerKey
+from unicron.shared.contracts.identity import WorkerKey as WorkerKey
 
 Generation = tuple[str, int]  # (job id, generation)
 

@@ -1,4 +1,4 @@
-"""Entry point: ``python -m services.api`` serves the API with uvicorn."""
+"""Entry point: ``python -m unicron.services.api`` serves the API with uvicorn."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import sys
 
 import uvicorn
 from pydantic import ValidationError
-
 from unicron.services.api.settings import ApiSettings
 from unicron.shared.logging import configure_logging, get_logger
 
@@ -52,7 +51,7 @@ def check_bind(settings: ApiSettings) -> None:
 def main() -> None:
     settings = load_settings()
     configure_logging("api", settings.log_level, settings.log_format)
-    # Imported only now: shared.logging.get_logger binds the configuration in force when a
+    # Imported only now: unicron.shared.logging.get_logger binds the configuration in force when a
     # module-level logger is created, so modules imported earlier would log unconfigured.
     from unicron.services.api.app import create_app
 

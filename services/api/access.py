@@ -15,11 +15,10 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
 from unicron.services.api.deps import SettingsDep
 from unicron.services.api.settings import Role, TokenGrant
+from unicron.shared.contracts.models import Job
 from unicron.shared.logging import get_logger
-from unicron.shared.models import Job
 
 log = get_logger(component="api.access")
 # auto_error=False: a missing or non-bearer header must give our 401 with WWW-Authenticate,

@@ -14,7 +14,6 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from unicron.services.api import errors, unavailable
 from unicron.services.api.access import authenticate
 from unicron.services.api.metrics import ApiMetrics, MetricsMiddleware
@@ -30,10 +29,10 @@ from unicron.services.api.routes import (
     plans,
 )
 from unicron.services.api.settings import ApiSettings
-from unicron.shared.bus import Bus
+from unicron.shared.bus.bus import Bus
 from unicron.shared.logging import get_logger
-from unicron.shared.redisauth import check_login, redacted
-from unicron.shared.state import StateStore
+from unicron.shared.store.redisauth import check_login, redacted
+from unicron.shared.store.state import StateStore
 
 log = get_logger(component="api")
 CLOSE_TIMEOUT_S = 5.0

@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Annotated, cast
 
 from fastapi import Depends, Request
-
 from unicron.services.api.metrics import ApiMetrics
 from unicron.services.api.settings import ApiSettings
-from unicron.shared.bus import Bus
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus
+from unicron.shared.store.state import StateStore
 
 
 def get_bus(request: Request) -> Bus:

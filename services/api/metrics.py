@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from unicron.shared.models import Job, JobState
+from unicron.shared.contracts.models import Job, JobState
 
 UNMATCHED = "<unmatched>"
 

@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
-
-from unicron.shared.jobindex import JobPosition
-from unicron.shared.models import Job
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.models import Job
+from unicron.shared.store.jobindex import JobPosition
+from unicron.shared.store.state import StateStore
 
 NEXT_CURSOR_HEADER = "X-Next-Cursor"
 DEFAULT_LIMIT = 100

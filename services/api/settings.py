@@ -6,7 +6,6 @@ import ipaddress
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from unicron.shared.settings import CommonSettings
 
 Role = Literal["admin", "user"]

@@ -10,7 +10,6 @@ import time
 
 from fastapi import FastAPI, Request, status
 from fastapi.responses import JSONResponse
-
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import BUS_ERRORS, STORE_ERRORS, describe
 

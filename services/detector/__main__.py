@@ -1,4 +1,4 @@
-"""``python -m services.detector``."""
+"""``python -m unicron.services.detector``."""
 
 from unicron.services.detector.service import run
 from unicron.services.detector.settings import DetectorSettings

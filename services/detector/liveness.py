@@ -12,15 +12,15 @@ import asyncio
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
-from unicron.shared.hearing import Hearing
+from unicron.shared.bus.api import EventBus
+from unicron.shared.contracts.messages import ping_subject
+from unicron.shared.contracts.models import NodeState, WorkerState, now
+from unicron.shared.contracts.taxonomy import FailureKind
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import ping_subject
-from unicron.shared.models import NodeState, WorkerState, now
-from unicron.shared.ports import EventBus, JobStore
-from unicron.shared.taxonomy import FailureKind
+from unicron.shared.store.api import JobStore
+from unicron.shared.store.hearing import Hearing
 
 
 class Liveness:

@@ -1,7 +1,8 @@
 """Node health from agent heartbeats: a node silent for ``heartbeat_misses`` intervals is lost.
 
-Silence counts only while the detector could have heard the node (:mod:`shared.hearing`): a
-Redis outage or a restart of the detector is no node's fault.
+Silence counts only while the detector could have heard the node
+(:mod:`unicron.shared.store.hearing`): a Redis outage or a restart of the detector is no node's
+fault.
 
 A lost node is marked LOST (so the planner stops using it), ``node.lost`` is published, and every
 job with a worker of its running generation on that node gets a SEV1 failure candidate. A
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.signals import Candidate
-from unicron.shared.events import NodeLost
-from unicron.shared.hearing import Hearing
+from unicron.shared.bus.api import EventBus
+from unicron.shared.contracts.events import NodeLost
+from unicron.shared.contracts.models import NodeRecord, NodeState, WorkerState, now
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 from unicron.shared.logging import get_logger
-from unicron.shared.models import NodeRecord, NodeState, WorkerState, now
-from unicron.shared.ports import EventBus, JobStore
-from unicron.shared.taxonomy import FailureCategory, FailureKind
+from unicron.shared.store.api import JobStore
+from unicron.shared.store.hearing import Hearing
 
 _LIVE_WORKER = (WorkerState.LAUNCHING, WorkerState.RUNNING)
 

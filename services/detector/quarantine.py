@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from unicron.services.detector.settings import DetectorSettings
-from unicron.shared.events import FailureDetected, NodeStateChanged
+from unicron.shared.bus.api import EventBus
+from unicron.shared.contracts.events import FailureDetected, NodeStateChanged
+from unicron.shared.contracts.models import NodeRecord, NodeState, now
+from unicron.shared.contracts.taxonomy import SEVERITY_TABLE, Severity
 from unicron.shared.logging import get_logger
-from unicron.shared.models import NodeRecord, NodeState, now
-from unicron.shared.ports import EventBus, JobStore
-from unicron.shared.taxonomy import SEVERITY_TABLE, Severity
+from unicron.shared.store.api import JobStore
 
 _Mutation = Callable[[NodeRecord], bool]
 

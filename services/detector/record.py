@@ -16,18 +16,19 @@ from __future__ import annotations
 from unicron.services.detector.quarantine import NodeHealth
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
-from unicron.shared.events import FailureDetected, JobStateChanged
-from unicron.shared.logging import get_logger
-from unicron.shared.models import Job, JobState
-from unicron.shared.ports import EventBus, JobStore
-from unicron.shared.roles import ServiceRole
-from unicron.shared.taxonomy import (
+from unicron.shared.bus.api import EventBus
+from unicron.shared.contracts.events import FailureDetected, JobStateChanged
+from unicron.shared.contracts.models import Job, JobState
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.contracts.taxonomy import (
     FailureCategory,
     RecoveryAction,
     Severity,
     escalate,
     severity_of,
 )
+from unicron.shared.logging import get_logger
+from unicron.shared.store.api import JobStore
 
 
 def _already_recorded(job: Job, generation: int) -> bool:

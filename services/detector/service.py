@@ -17,13 +17,11 @@ from unicron.services.detector.record import FailureRecorder
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate, from_exception, from_exit, from_hang
 from unicron.services.detector.stragglers import StragglerWatch
+from unicron.shared.bus.api import EventBus
+from unicron.shared.bus.streams import reports_of_kind
 from unicron.shared.claims import ReportClaims
-from unicron.shared.hearing import Hearing
-from unicron.shared.logging import get_logger
-from unicron.shared.models import JobState, WorkerState, now
-from unicron.shared.outage import Outage
-from unicron.shared.ports import EventBus, JobStore
-from unicron.shared.reports import (
+from unicron.shared.contracts.models import JobState, WorkerState, now
+from unicron.shared.contracts.reports import (
     WORKER_REPORT,
     AnyWorkerReport,
     StepCompleted,
@@ -31,8 +29,11 @@ from unicron.shared.reports import (
     WorkerExited,
     WorkerHung,
 )
-from unicron.shared.streams import reports_of_kind
-from unicron.shared.taxonomy import FailureCategory, FailureKind
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
+from unicron.shared.logging import get_logger
+from unicron.shared.outage import Outage
+from unicron.shared.store.api import JobStore
+from unicron.shared.store.hearing import Hearing
 
 log = get_logger()
 CONSUMED_REPORTS = ("worker_exited", "worker_exception", "worker_hung", "step_completed")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from unicron.shared.reports import WorkerException, WorkerExited, WorkerHung
-from unicron.shared.taxonomy import FailureCategory, FailureKind
+from unicron.shared.contracts.reports import WorkerException, WorkerExited, WorkerHung
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 
 # Categories that survivors of a peer's death report; never preferred over a real cause.
 SECONDARY_CATEGORIES = frozenset(
@@ -113,7 +113,7 @@ def from_exit(report: WorkerExited) -> Candidate | None:
 
 
 def from_exception(report: WorkerException) -> Candidate:
-    # an unknown category already reads as software_other (shared/reports.py)
+    # an unknown category already reads as software_other (shared/contracts/reports.py)
     return _about(
         report,
         FailureKind.EXCEPTION,

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
-from unicron.shared.reports import StepCompleted
-from unicron.shared.taxonomy import FailureCategory, FailureKind
+from unicron.shared.contracts.reports import StepCompleted
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 
 _Key = tuple[str, int]
 

@@ -1,4 +1,4 @@
-"""``python -m services.executor``."""
+"""``python -m unicron.services.executor``."""
 
 from unicron.services.executor.service import run
 from unicron.services.executor.settings import ExecutorSettings

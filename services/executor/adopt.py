@@ -1,8 +1,8 @@
 """A rebuilt job's workers, from what its agents run and what its workers reported.
 
 After Redis lost its records, the event stream gives each job its generation and world size
-(:mod:`shared.replay`) but not where each rank runs. The agents' heartbeats list the workers
-they run (``NodeRecord.workers``) and the reports stream keeps each worker's start and exit;
+(:mod:`unicron.shared.store.replay`) but not where each rank runs. The agents' heartbeats list the
+workers they run (``NodeRecord.workers``) and the reports stream keeps each worker's start and exit;
 the latest fact about a seat (a (job, generation, rank)) wins. A rank that runs is re-adopted
 and the job continues; a job whose every rank exited 0 has succeeded; a rank gone without a
 trace is a failure of the running generation, recovered from as the detector's would be. A
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from unicron.shared.events import FailureDetected
-from unicron.shared.models import (
+from unicron.shared.contracts.events import FailureDetected
+from unicron.shared.contracts.models import (
     Job,
     JobState,
     NodeRecord,
@@ -23,9 +23,14 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.reports import AnyWorkerReport, WorkerExited, WorkerRegrouped, WorkerStarted
-from unicron.shared.roles import ServiceRole
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.reports import (
+    AnyWorkerReport,
+    WorkerExited,
+    WorkerRegrouped,
+    WorkerStarted,
+)
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 
 Seat = tuple[str, int, int]  # (job id, generation, rank)
 _ACTIVE = (JobState.STARTING, JobState.RUNNING, JobState.RECOVERING)

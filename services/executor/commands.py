@@ -6,15 +6,15 @@ crash or a redelivered plan is dropped by NATS, and agents treat it as a no-op a
 
 from __future__ import annotations
 
-from unicron.shared.bus import Bus
-from unicron.shared.messages import (
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.messages import (
     RegroupDirective,
     RegroupWorker,
     Rendezvous,
     StartWorker,
     StopWorkers,
 )
-from unicron.shared.models import Job, NodeRecord, NodeState
+from unicron.shared.contracts.models import Job, NodeRecord, NodeState
 
 
 class MissingNodeError(RuntimeError):

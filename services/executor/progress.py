@@ -13,20 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from unicron.shared.bus import Bus
-from unicron.shared.events import JobStateChanged, TransitionCompleted
-from unicron.shared.logging import get_logger
-from unicron.shared.models import FailureRecord, Job, JobState, PlanAction, WorkerState
-from unicron.shared.reports import (
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import JobStateChanged, TransitionCompleted
+from unicron.shared.contracts.models import FailureRecord, Job, JobState, PlanAction, WorkerState
+from unicron.shared.contracts.reports import (
     AnyWorkerReport,
     StepCompleted,
     WorkerExited,
     WorkerRegrouped,
     WorkerStarted,
 )
-from unicron.shared.roles import ServiceRole
-from unicron.shared.state import StateStore
-from unicron.shared.transitions import StateSource, TransitionMode
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.contracts.transitions import StateSource, TransitionMode
+from unicron.shared.logging import get_logger
+from unicron.shared.store.state import StateStore
 
 Report = AnyWorkerReport
 _TRANSITIONING = (JobState.STARTING, JobState.RECOVERING)

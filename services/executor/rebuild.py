@@ -4,9 +4,9 @@ Redis holds a marker, ``unicron:cluster``, written once it holds the cluster's r
 executor checks it a few times a second: missing (a Redis that restarted empty, or a cluster's
 first start) means a rebuild. It waits for every node to heartbeat once more (each agent
 re-registers its node with the workers it runs), replays the event stream into job records
-(:mod:`shared.replay`), gives each job the workers its current generation runs
-(:mod:`services.executor.adopt`), stores the jobs that have no record, stops the workers no job
-claims, raises the plan sequence and the planner's fencing epoch above anything the stream
+(:mod:`unicron.shared.store.replay`), gives each job the workers its current generation runs
+(:mod:`unicron.services.executor.adopt`), stores the jobs that have no record, stops the workers no
+job claims, raises the plan sequence and the planner's fencing epoch above anything the stream
 holds, and only then writes the marker. Every write is create-if-absent or raise-to-at-least,
 so a second rebuild, or one that races the API's new submissions, changes nothing.
 
@@ -32,19 +32,24 @@ from unicron.services.executor.adopt import (
     orphan_stops,
 )
 from unicron.services.executor.settings import ExecutorSettings
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.delivery import PARSE_ERRORS
-from unicron.shared.events import JobStateChanged, PlanCreated, event_subject
-from unicron.shared.lease import PLANNER_LEASE, lease_keys
+from unicron.shared.bus.api import EventBus
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.bus.delivery import PARSE_ERRORS
+from unicron.shared.bus.streams import (
+    ALL_EVENTS,
+    EVENTS_STREAM,
+    REPORTS_STREAM,
+    reports_of_kind,
+)
+from unicron.shared.contracts.events import JobStateChanged, PlanCreated, event_subject
+from unicron.shared.contracts.messages import StopWorkers
+from unicron.shared.contracts.models import Job, NodeRecord, NodeState, new_id, now
+from unicron.shared.contracts.reports import WORKER_REPORT, report_subject
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import StopWorkers
-from unicron.shared.models import Job, NodeRecord, NodeState, new_id, now
 from unicron.shared.outage import Outage, is_outage
-from unicron.shared.ports import EventBus
-from unicron.shared.replay import ReplayedCluster, Replayer
-from unicron.shared.reports import WORKER_REPORT, report_subject
-from unicron.shared.state import StateStore
-from unicron.shared.streams import ALL_EVENTS, EVENTS_STREAM, REPORTS_STREAM, reports_of_kind
+from unicron.shared.store.lease import PLANNER_LEASE, lease_keys
+from unicron.shared.store.replay import ReplayedCluster, Replayer
+from unicron.shared.store.state import StateStore
 
 P = ParamSpec("P")
 log = get_logger(component="rebuild")

@@ -15,16 +15,16 @@ from unicron.services.executor.progress import ProgressTracker
 from unicron.services.executor.rebuild import Rebuilder
 from unicron.services.executor.settings import ExecutorSettings
 from unicron.services.executor.transitions import TransitionRunner
-from unicron.shared.bus import Bus, parse_event
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.bus.streams import ALL_REPORTS
 from unicron.shared.claims import ReportClaims
-from unicron.shared.events import CloudEvent, FailureDetected, PlanCreated, event_subject
+from unicron.shared.contracts.events import CloudEvent, FailureDetected, PlanCreated, event_subject
+from unicron.shared.contracts.models import JobState, WorkerState, now
+from unicron.shared.contracts.reports import WORKER_REPORT
+from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.logging import get_logger
-from unicron.shared.models import JobState, WorkerState, now
 from unicron.shared.outage import Outage
-from unicron.shared.reports import WORKER_REPORT
-from unicron.shared.state import StateStore
-from unicron.shared.streams import ALL_REPORTS
-from unicron.shared.transitions import TransitionMode
+from unicron.shared.store.state import StateStore
 
 log = get_logger()
 

@@ -1,8 +1,8 @@
 """Which workers of a job survive a transition, and which rank each takes in the new generation.
 
 Pure functions of a job, its allocation in a plan and the nodes, used by
-:mod:`services.executor.transitions` (docs/design.md §5). A rank survives when its process runs on
-a usable node and it is not the culprit of a failure that calls for more than a reattempt.
+:mod:`unicron.services.executor.transitions` (docs/design.md §5). A rank survives when its process
+runs on a usable node and it is not the culprit of a failure that calls for more than a reattempt.
 Survivors keep their rank where the plan keeps their node for it, fill the other ranks on their
 node in placement order, and every rank left empty gets a joiner that takes the training state
 from the survivor of the lowest new rank. A job whose rank finished the last step is left alone.
@@ -10,7 +10,7 @@ from the survivor of the lowest new rank. A job whose rank finished the last ste
 
 from __future__ import annotations
 
-from unicron.shared.models import (
+from unicron.shared.contracts.models import (
     Job,
     JobState,
     NodeRecord,
@@ -18,9 +18,9 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.plans import JobAllocation
-from unicron.shared.taxonomy import FailureKind, RecoveryAction
-from unicron.shared.transitions import IN_PLACE_ACTIONS
+from unicron.shared.contracts.plans import JobAllocation
+from unicron.shared.contracts.taxonomy import FailureKind, RecoveryAction
+from unicron.shared.contracts.transitions import IN_PLACE_ACTIONS
 
 
 def finishing(job: Job) -> bool:

@@ -26,11 +26,9 @@ from unicron.services.executor.commands import (
 )
 from unicron.services.executor.settings import ExecutorSettings
 from unicron.services.executor.survivors import finishing, in_place_workers
-from unicron.shared.bus import Bus
-from unicron.shared.events import JobStateChanged, TransitionStarted
-from unicron.shared.lease import PLANNER_LEASE
-from unicron.shared.logging import get_logger
-from unicron.shared.models import (
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import JobStateChanged, TransitionStarted
+from unicron.shared.contracts.models import (
     HistoryEntry,
     Job,
     JobState,
@@ -40,10 +38,12 @@ from unicron.shared.models import (
     WorkerState,
     now,
 )
-from unicron.shared.plans import JobAllocation, Plan
-from unicron.shared.roles import ServiceRole
-from unicron.shared.state import StateStore
-from unicron.shared.transitions import LAUNCHES, TransitionMode
+from unicron.shared.contracts.plans import JobAllocation, Plan
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.contracts.transitions import LAUNCHES, TransitionMode
+from unicron.shared.logging import get_logger
+from unicron.shared.store.lease import PLANNER_LEASE
+from unicron.shared.store.state import StateStore
 
 
 def _frees_slots_first(alloc: JobAllocation) -> int:

@@ -1,11 +1,10 @@
-"""``python -m services.planner``: run the planner service until SIGINT/SIGTERM."""
+"""``python -m unicron.services.planner``: run the planner service until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
 import sys
 
 from pydantic import ValidationError
-
 from unicron.services.planner.service import planner_body
 from unicron.services.planner.settings import PlannerSettings
 from unicron.shared.service import run_service

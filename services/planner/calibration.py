@@ -1,7 +1,7 @@
 """Online calibration, kept in Redis so any planner instance can rebuild it after a restart.
 
 Three estimates, each updated from what the cluster reports and read back as one
-:class:`~planning.api.Calibration` per planning pass:
+:class:`~unicron.planning.api.Calibration` per planning pass:
 
 - per job, ``slowdown``: an EWMA of observed over modelled iteration time (rank 0's step
   reports, the first step of each generation left out as warm-up), dividing T(t, x);
@@ -14,8 +14,8 @@ Three estimates, each updated from what the cluster reports and read back as one
 Values are rounded to two significant digits when read, so noise in the last digits does not
 make every reconcile pass a new planning problem. Only the active planner writes (it holds the
 lease), so the read-modify-write updates need no transaction. Each planning pass also stores
-what it read as a :class:`~shared.calibration.CalibrationRecord`, the form the API exports and
-the simulator imports (:mod:`planning.calibration` converts it both ways).
+what it read as a :class:`~unicron.shared.contracts.calibration.CalibrationRecord`, the form the API
+exports and the simulator imports (:mod:`unicron.planning.calibration` converts it both ways).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from unicron.planning.api import Calibration, TransitionKind
 from unicron.planning.calibration import record_of
-from unicron.shared.calibstore import JOBS, TRANSITIONS, CalibrationTables
-from unicron.shared.models import now
+from unicron.shared.contracts.models import now
+from unicron.shared.store.calibstore import JOBS, TRANSITIONS, CalibrationTables
 
 CLAMP = (0.05, 20.0)  # a factor outside this is a broken measurement, not a slow cluster
 

@@ -17,11 +17,11 @@ from unicron.planning.api import JobDemand, TransitionKind
 from unicron.planning.spec import ModelShape
 from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore
-from unicron.shared.events import FailureDetected, TransitionCompleted
+from unicron.shared.contracts.events import FailureDetected, TransitionCompleted
+from unicron.shared.contracts.models import Job, now
+from unicron.shared.contracts.reports import StepCompleted
 from unicron.shared.logging import get_logger
-from unicron.shared.models import Job, now
-from unicron.shared.reports import StepCompleted
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
 
 log = get_logger(component="planner.feedback")
 UNCALIBRATED = frozenset({TransitionKind.NONE, TransitionKind.STOP})

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from unicron.planning.api import ClusterInputs
 from unicron.planning.planning import QUIET
-from unicron.shared.bus import Bus
-from unicron.shared.events import PlanCreated, PlannedJob
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import PlanCreated, PlannedJob
+from unicron.shared.contracts.plans import Plan
 from unicron.shared.logging import get_logger
-from unicron.shared.plans import Plan
 
 log = get_logger(component="planner")
 

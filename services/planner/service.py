@@ -1,6 +1,6 @@
 """The planner service: one active instance under a lease; triggers in, plans out.
 
-Lifecycle: an instance stands by until it takes the ``planner`` lease (shared/lease.py), then
+Lifecycle: an instance stands by until it takes the ``planner`` lease (shared/store/lease.py), then
 serves a *term*: it subscribes to the events and step reports, plans, and stamps every plan
 with the lease's fencing epoch; when the lease is lost it drops its subscriptions and stands
 by again. A killed active instance is replaced by a standby within the lease's TTL, and
@@ -12,7 +12,7 @@ and return at once; one planning task waits ``planner_debounce_s`` after the fir
 plans once for the whole burst. A reconcile tick re-reads the cluster every
 ``planner_reconcile_s`` and plans if the inputs changed, naming what it saw change (under the
 ``aging`` policy a waiting job's counted wait is an input, so it changes once an aging step). A
-plan is saved and announced only when it is news (``planning.needs_publish``).
+plan is saved and announced only when it is news (``unicron.planning.planning.needs_publish``).
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ from unicron.services.planner.calibration import CalibrationStore
 from unicron.services.planner.feedback import Feedback
 from unicron.services.planner.publish import announce, changes, summarise
 from unicron.services.planner.settings import PlannerSettings
-from unicron.shared import events
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.events import CloudEvent
-from unicron.shared.lease import PLANNER_LEASE
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.bus.streams import ALL_EVENTS, reports_of_kind
+from unicron.shared.contracts import events
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import now
+from unicron.shared.contracts.plans import Plan
+from unicron.shared.contracts.reports import WORKER_REPORT
 from unicron.shared.logging import get_logger
-from unicron.shared.models import now
 from unicron.shared.outage import Outage, describe, is_outage
-from unicron.shared.plans import Plan
-from unicron.shared.reports import WORKER_REPORT
 from unicron.shared.service import ServiceBody
-from unicron.shared.state import StateStore
-from unicron.shared.streams import ALL_EVENTS, reports_of_kind
+from unicron.shared.store.lease import PLANNER_LEASE
+from unicron.shared.store.state import StateStore
 
 STEPS_SUBJECT = reports_of_kind("step_completed")
 DURABLE = "planner"
@@ -234,7 +234,7 @@ class Planner:
 
 
 def planner_body(settings: PlannerSettings) -> ServiceBody:
-    """The service body for :func:`shared.service.run_service`."""
+    """The service body for :func:`unicron.shared.service.run_service`."""
 
     async def body(bus: Bus, state: StateStore, stop: asyncio.Event) -> None:
         await Planner(bus, state, settings).run(stop)

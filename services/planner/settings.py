@@ -6,7 +6,6 @@ import json
 from typing import Literal, Self
 
 from pydantic import Field, field_validator, model_validator
-
 from unicron.planning.api import Objective, TransitionCost
 from unicron.planning.calibration import LLAMA3_FAILURES_PER_GPU_H
 from unicron.planning.clusters import CLUSTERS
@@ -15,7 +14,7 @@ from unicron.planning.fairness import PlanRules, TenantQuotas
 from unicron.planning.spec import ClusterSpec
 from unicron.planning.throughput import THROUGHPUT_MODELS
 from unicron.services.planner.calibration import FailurePrior
-from unicron.shared.plans import Fairness
+from unicron.shared.contracts.plans import Fairness
 from unicron.shared.settings import CommonSettings
 
 
@@ -59,7 +58,7 @@ class PlannerSettings(CommonSettings):
     # One active planner: the lease's TTL bounds how long a dead one blocks its standby.
     planner_lease_ttl_s: float = Field(3.0, gt=0)
     # Set by a supervisor that never runs two of it at once (unicron up): a restarted planner
-    # of this instance takes its dead predecessor's lease at once (shared/lease.py).
+    # of this instance takes its dead predecessor's lease at once (shared/store/lease.py).
     planner_instance: str | None = Field(None, min_length=1, max_length=128)
     # Against starvation (planning/fairness.py): waf, aging or guaranteed_min. Aging:
     # a job that waited planner_aging_s counts twice, counted in whole steps of the clock.

@@ -6,7 +6,7 @@ simulation's events: jobs arriving and finishing, failures from the trace, nodes
 The baselines (:class:`NodeOwnerPolicy`) are per-job systems with no cluster-wide planner. By
 default (``allocation="planner"``), to isolate what failure handling is worth, they start from
 the *same* allocation Unicron's planner gives the failure-free cluster (node counts and
-placement from :func:`planning.planning.plan_cluster`) — generous to them; with
+placement from :func:`unicron.planning.planning.plan_cluster`) — generous to them; with
 ``allocation="fifo"`` each job gets up to its maximum, in submission order, from the free
 nodes, as a batch scheduler grants requests. A job that arrives later takes free nodes
 first-come first-served. Each job then owns its nodes: a node it loses comes back to it when
@@ -29,8 +29,8 @@ from unicron.planning.costs import ModelledDowntime
 from unicron.planning.fairness import PlanRules
 from unicron.planning.planning import plan_cluster
 from unicron.planning.throughput import MegatronThroughput
-from unicron.shared.models import JobState
-from unicron.shared.taxonomy import FailureCategory, Severity
+from unicron.shared.contracts.models import JobState
+from unicron.shared.contracts.taxonomy import FailureCategory, Severity
 from unicron.simulator.events import Kind
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.trace import Failure, node_name

@@ -8,17 +8,17 @@ after its 3 missed 1-s heartbeats (``NODE_S`` = 3 s).
 
 Recovery, per the taxonomy: a SEV3 fault is reattempted in place and a SEV2 fault restarts the
 job's processes on the same nodes: the planner's debounce (``DEBOUNCE_S``, 0.1 s), then the
-in-place transition as the planner's :class:`~planning.costs.ModelledDowntime` prices it
+in-place transition as the planner's :class:`~unicron.planning.costs.ModelledDowntime` prices it
 (reattempt: the preset's ``reattempt_s``; restart: a warm spare's takeover, or a fresh launch
 where the preset has no spare time, + re-form + the state from a live data-parallel peer, or
 from disk with the steps since the checkpoint redone when there is none). A SEV1 fault isolates
-the node and re-plans the whole cluster with :func:`planning.planning.plan_cluster`, as
+the node and re-plans the whole cluster with :func:`unicron.planning.planning.plan_cluster`, as
 do repairs, arrivals and completions: every job whose allocation changes pays the planned
 transition's downtime and lost work (the plan's own explanation) plus the planning time. D_run
 comes from the trace's failure rate; transition factors from the same
-:class:`~planning.api.Calibration` the planner is fed.
+:class:`~unicron.planning.api.Calibration` the planner is fed.
 
-Fairness: the planner's rules (:class:`~planning.fairness.PlanRules`) apply as in the
+Fairness: the planner's rules (:class:`~unicron.planning.fairness.PlanRules`) apply as in the
 service. Under ``aging`` the policy wakes at every aging step of the clock, records each job's
 waiting so far (what the service reads from the job's history) and re-plans if any job waited.
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-
 from unicron.planning.api import (
     Calibration,
     ClusterInputs,
@@ -45,9 +44,9 @@ from unicron.planning.costs import ModelledDowntime
 from unicron.planning.fairness import PlanRules
 from unicron.planning.planning import PlanDraft, calibrated, plan_cluster
 from unicron.planning.throughput import MegatronThroughput
-from unicron.shared.models import JobState
-from unicron.shared.plans import Fairness
-from unicron.shared.taxonomy import RecoveryAction, Severity, severity_of
+from unicron.shared.contracts.models import JobState
+from unicron.shared.contracts.plans import Fairness
+from unicron.shared.contracts.taxonomy import RecoveryAction, Severity, severity_of
 from unicron.simulator.events import Kind
 from unicron.simulator.policies.base import Policy, detection_class
 from unicron.simulator.state import JobRun, Simulation

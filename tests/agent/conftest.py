@@ -1,7 +1,7 @@
 """Helpers for the agent's tests: a sink that records what the agent would publish, commands
 that launch the stdlib fake worker (``tests/agent/fake_worker.py``) with the job record they
-name, and the agent itself as a process (``python -m services.agent``) with an inbox to await
-what it publishes."""
+name, and the agent itself as a process (``python -m unicron.services.agent``) with an inbox to
+await what it publishes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from typing import Any, NamedTuple, TypeVar
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
-
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.hang import HangWatch
 from unicron.services.agent.launch import JobContext
@@ -26,13 +25,13 @@ from unicron.services.agent.registry import EntrypointRegistry
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.spares import SparePool
 from unicron.services.agent.supervisor import Supervisor
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.events import CloudEvent, NodeJoined
-from unicron.shared.messages import DeadLetter, Rendezvous, StartWorker
-from unicron.shared.models import Job, JobSpec, JobState, NodeRecord
-from unicron.shared.reports import WORKER_REPORT
-from unicron.shared.state import StateStore
-from unicron.shared.workerchannel import AnyWorkerDirective, parse_directive
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.contracts.events import CloudEvent, NodeJoined
+from unicron.shared.contracts.messages import DeadLetter, Rendezvous, StartWorker
+from unicron.shared.contracts.models import Job, JobSpec, JobState, NodeRecord
+from unicron.shared.contracts.reports import WORKER_REPORT
+from unicron.shared.contracts.workerchannel import AnyWorkerDirective, parse_directive
+from unicron.shared.store.state import StateStore
 
 R = TypeVar("R", bound=Report)
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""A stand-in for ``trainer.worker`` in the agent's tests: stdlib only, so it starts fast.
+"""A stand-in for ``unicron.trainer.worker`` in the agent's tests: stdlib only, so it starts fast.
 
 It prints its launch JSON and then ``{"cuda_visible_devices": ...}`` (to the log file the agent
 gave it), connects to the agent's socket (``mute`` never does: it only sleeps until killed),

@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.agent.conftest import REPO, agent_env
 from unicron.services.agent.address import (
     AddressError,
     advertised_host,
@@ -20,9 +18,11 @@ from unicron.services.agent.address import (
 )
 from unicron.services.agent.agent import Agent, run
 from unicron.services.agent.settings import AgentSettings
-from unicron.shared.bus import Bus
+from unicron.shared.bus.bus import Bus
 from unicron.shared.procs import free_port
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
+
+from tests.agent.conftest import REPO, agent_env
 
 MADE_UP_NATS = "nats://10.255.255.1:4222"  # no server there: a connection attempt would hang
 

@@ -10,6 +10,25 @@ import time
 from pathlib import Path
 
 import pytest
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import NodeJoined
+from unicron.shared.contracts.messages import (
+    DeadLetter,
+    FaultKind,
+    FaultSpec,
+    InjectFault,
+    command_subject,
+)
+from unicron.shared.contracts.models import NodeRecord, NodeState, now
+from unicron.shared.contracts.reports import (
+    StepCompleted,
+    WorkerExited,
+    WorkerHung,
+    WorkerPhase,
+    WorkerStarted,
+)
+from unicron.shared.contracts.workerchannel import FaultDirective
+from unicron.shared.store.state import StateStore
 
 from tests.agent.conftest import (
     NODE,
@@ -20,19 +39,6 @@ from tests.agent.conftest import (
     start_cmd,
     until,
 )
-from unicron.shared.bus import Bus
-from unicron.shared.events import NodeJoined
-from unicron.shared.messages import DeadLetter, FaultKind, FaultSpec, InjectFault, command_subject
-from unicron.shared.models import NodeRecord, NodeState, now
-from unicron.shared.reports import (
-    StepCompleted,
-    WorkerExited,
-    WorkerHung,
-    WorkerPhase,
-    WorkerStarted,
-)
-from unicron.shared.state import StateStore
-from unicron.shared.workerchannel import FaultDirective
 
 STEPPER = "step-20-40-40-0"
 

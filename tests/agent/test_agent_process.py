@@ -1,4 +1,5 @@
-"""The agent as it runs in production: ``python -m services.agent`` against real NATS and Redis.
+"""The agent as it runs in production: ``python -m unicron.services.agent`` against real NATS and
+Redis.
 
 Everything is awaited on the bus or in Redis with a deadline; nothing sleeps and hopes.
 """
@@ -15,6 +16,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from unicron.services.agent.agent import Agent
+from unicron.services.agent.registry import EntrypointRegistry
+from unicron.services.agent.settings import AgentSettings
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import NodeJoined
+from unicron.shared.contracts.messages import DeadLetter, StopWorkers, command_subject
+from unicron.shared.contracts.models import NodeRecord, NodeState
+from unicron.shared.contracts.reports import (
+    WORKER_REPORT,
+    StepCompleted,
+    WorkerExited,
+    WorkerStarted,
+)
+from unicron.shared.contracts.workerchannel import WorkerLaunch
+from unicron.shared.procs import port_open
+from unicron.shared.servers.embedded import EmbeddedServer, start_nats, start_redis
+from unicron.shared.store.state import StateStore
 
 from tests.agent.conftest import (
     NODE,
@@ -26,18 +44,6 @@ from tests.agent.conftest import (
     start_cmd,
     until,
 )
-from unicron.services.agent.agent import Agent
-from unicron.services.agent.registry import EntrypointRegistry
-from unicron.services.agent.settings import AgentSettings
-from unicron.shared.bus import Bus
-from unicron.shared.embedded import EmbeddedServer, start_nats, start_redis
-from unicron.shared.events import NodeJoined
-from unicron.shared.messages import DeadLetter, StopWorkers, command_subject
-from unicron.shared.models import NodeRecord, NodeState
-from unicron.shared.procs import port_open
-from unicron.shared.reports import WORKER_REPORT, StepCompleted, WorkerExited, WorkerStarted
-from unicron.shared.state import StateStore
-from unicron.shared.workerchannel import WorkerLaunch
 
 
 def gone(pid: int) -> bool:

@@ -7,14 +7,14 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-
-from tests.agent.conftest import RecordingSink, start_cmd, until
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.supervisor import Supervisor, WorkerKey
-from unicron.shared.messages import FaultKind, FaultSpec
-from unicron.shared.reports import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
-from unicron.shared.workerchannel import FaultDirective, parse_directive
+from unicron.shared.contracts.messages import FaultKind, FaultSpec
+from unicron.shared.contracts.reports import StepCompleted, WorkerExited, WorkerHung, WorkerPhase
+from unicron.shared.contracts.workerchannel import FaultDirective, parse_directive
 from unicron.trainer.channel import AgentChannel
+
+from tests.agent.conftest import RecordingSink, start_cmd, until
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 

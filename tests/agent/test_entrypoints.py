@@ -11,16 +11,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from tests.agent.conftest import RecordingSink
 from unicron.services.agent.launch import JobContext
 from unicron.services.agent.packages import unpack
 from unicron.services.agent.supervisor import Supervisor
 from unicron.services.agent.tracebacks import classify_log
-from unicron.shared.messages import Rendezvous, StartWorker
-from unicron.shared.models import JobSpec
-from unicron.shared.packages import PackageError
-from unicron.shared.reports import WorkerException, WorkerExited, WorkerStarted
+from unicron.shared.bus.packages import PackageError
+from unicron.shared.contracts.messages import Rendezvous, StartWorker
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.reports import WorkerException, WorkerExited, WorkerStarted
+
+from tests.agent.conftest import RecordingSink
 
 NCCL_TEXT = (
     "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"

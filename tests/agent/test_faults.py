@@ -9,8 +9,6 @@ import signal
 from pathlib import Path
 
 import pytest
-
-from tests.agent.conftest import NODE, RecordingSink, directives, start_cmd, until
 from unicron.services.agent import gpus
 from unicron.services.agent.agent import Agent
 from unicron.services.agent.channel import WorkerChannel
@@ -19,12 +17,14 @@ from unicron.services.agent.gpus import SlotPool
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.store import RendezvousStore
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from unicron.shared.bus import Bus
-from unicron.shared.messages import AGENT_COMMAND, FaultKind, FaultSpec, InjectFault
-from unicron.shared.models import NodeRecord, NodeState, now
-from unicron.shared.reports import WorkerExited, WorkerStarted
-from unicron.shared.state import StateStore
-from unicron.shared.workerchannel import FaultDirective
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.messages import AGENT_COMMAND, FaultKind, FaultSpec, InjectFault
+from unicron.shared.contracts.models import NodeRecord, NodeState, now
+from unicron.shared.contracts.reports import WorkerExited, WorkerStarted
+from unicron.shared.contracts.workerchannel import FaultDirective
+from unicron.shared.store.state import StateStore
+
+from tests.agent.conftest import NODE, RecordingSink, directives, start_cmd, until
 
 STEPPER = "step-20-40-40-0"
 

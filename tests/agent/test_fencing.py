@@ -14,6 +14,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from unicron.services.agent.agent import Agent
+from unicron.services.agent.fence import Fence
+from unicron.services.agent.settings import AgentSettings
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.models import NodeState, now
+from unicron.shared.contracts.reports import WORKER_REPORT, WorkerExited
+from unicron.shared.servers.embedded import EmbeddedServer
+from unicron.shared.store.state import StateStore
 
 from tests.agent.conftest import (
     FAKE_WORKER,
@@ -24,14 +32,6 @@ from tests.agent.conftest import (
     start_cmd,
     until,
 )
-from unicron.services.agent.agent import Agent
-from unicron.services.agent.fence import Fence
-from unicron.services.agent.settings import AgentSettings
-from unicron.shared.bus import Bus
-from unicron.shared.embedded import EmbeddedServer
-from unicron.shared.models import NodeState, now
-from unicron.shared.reports import WORKER_REPORT, WorkerExited
-from unicron.shared.state import StateStore
 
 INTERVAL_S, MISSES = 0.25, 12  # node_timeout_s: 3 s, well above a restart of both servers
 FENCE_BOUND_S = 1.5  # from the deadline to every worker reaped

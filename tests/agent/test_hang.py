@@ -13,14 +13,14 @@ from types import SimpleNamespace
 from typing import Literal
 
 import pytest
-
-from tests.agent.conftest import RecordingSink, start_cmd
 from unicron.services.agent import hang
 from unicron.services.agent.hang import HangWatch
 from unicron.services.agent.procstat import process_state
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.supervisor import Supervisor, Worker, WorkerKey
-from unicron.shared.reports import StepCompleted, WorkerException, WorkerHung, WorkerPhase
+from unicron.shared.contracts.reports import StepCompleted, WorkerException, WorkerHung, WorkerPhase
+
+from tests.agent.conftest import RecordingSink, start_cmd
 
 KEY = WorkerKey("job-a", 1, 0)
 # healthy steps per worker in the false-alarm test; raise it for a soak (two workers run)

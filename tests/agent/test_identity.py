@@ -1,15 +1,15 @@
-"""A worker's identity, defined once (``shared.identity``): the reports and the seats of the
-commands take it as a base and keep their JSON flat and in the order it always had."""
+"""A worker's identity, defined once (``unicron.shared.contracts.identity``): the reports and the
+seats of the commands take it as a base and keep their JSON flat and in the order it always had."""
 
 from __future__ import annotations
 
 import json
 
-from unicron.shared.identity import JobRank, WorkerIdentity, WorkerKey
-from unicron.shared.messages import Rendezvous, StartWorker
-from unicron.shared.models import JobSpec
-from unicron.shared.reports import WORKER_REPORT, WorkerExited, WorkerStarted
-from unicron.shared.workerchannel import WorkerLaunch
+from unicron.shared.contracts.identity import JobRank, WorkerIdentity, WorkerKey
+from unicron.shared.contracts.messages import Rendezvous, StartWorker
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.reports import WORKER_REPORT, WorkerExited, WorkerStarted
+from unicron.shared.contracts.workerchannel import WorkerLaunch
 
 IDS = {"node_id": "n1", "job_id": "job-a", "generation": 2, "rank": 1}
 RENDEZVOUS = Rendezvous(host="127.0.0.1", port=29500, prefix="job-a/g2")

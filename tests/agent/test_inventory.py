@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import subprocess
 
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import NodeJoined
+from unicron.shared.contracts.models import NodeWorker
+from unicron.shared.contracts.reports import WORKER_REPORT, WorkerStarted
+from unicron.shared.store.state import StateStore
+
 from tests.agent.conftest import NODE, inbox, node_record, send_start, start_cmd
-from unicron.shared.bus import Bus
-from unicron.shared.events import NodeJoined
-from unicron.shared.models import NodeWorker
-from unicron.shared.reports import WORKER_REPORT, WorkerStarted
-from unicron.shared.state import StateStore
 
 
 async def test_a_lost_node_record_comes_back_with_the_workers_it_runs(

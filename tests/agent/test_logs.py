@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from unicron.services.agent.logs import LogServer
+from unicron.services.agent.supervisor import Worker, WorkerKey
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.logs import LOGS_CHUNK_BYTES, LogsReply, LogsRequest, logs_subject
 
 from tests.agent.conftest import until
 from tests.api.live import eventually
-from unicron.services.agent.logs import LogServer
-from unicron.services.agent.supervisor import Worker, WorkerKey
-from unicron.shared.bus import Bus
-from unicron.shared.logs import LOGS_CHUNK_BYTES, LogsReply, LogsRequest, logs_subject
 
 NODE = "n1"
 LAUNCH = WorkerKey("job-logs", 1, 0)

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-
-from tests.agent.conftest import until
 from unicron.services.agent import registry
 from unicron.services.agent.outbox import Outbox, Report
 from unicron.services.agent.settings import AgentSettings, default_node_id
 from unicron.services.agent.store import RendezvousStore
+from unicron.shared.contracts.reports import StepCompleted, WorkerExited
 from unicron.shared.procs import port_open
-from unicron.shared.reports import StepCompleted, WorkerExited
+
+from tests.agent.conftest import until
 
 
 def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,31 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from unicron.services.agent.agent import Agent
+from unicron.services.agent.channel import WorkerChannel
+from unicron.services.agent.hang import HangWatch
+from unicron.services.agent.registry import EntrypointRegistry
+from unicron.services.agent.regroup import Regrouper
+from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.spares import SparePool
+from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.messages import (
+    DeadLetter,
+    RegroupDirective,
+    RegroupWorker,
+    Rendezvous,
+    StopWorkers,
+    command_subject,
+)
+from unicron.shared.contracts.reports import (
+    StepCompleted,
+    WorkerExited,
+    WorkerRegrouped,
+    WorkerStarted,
+)
+from unicron.shared.contracts.workerchannel import SpareLaunch, WorkerLaunch
+from unicron.shared.store.state import StateStore
 
 from tests.agent.conftest import (
     FAKE_WORKER,
@@ -24,26 +49,6 @@ from tests.agent.conftest import (
     start_cmd,
     until,
 )
-from unicron.services.agent.agent import Agent
-from unicron.services.agent.channel import WorkerChannel
-from unicron.services.agent.hang import HangWatch
-from unicron.services.agent.registry import EntrypointRegistry
-from unicron.services.agent.regroup import Regrouper
-from unicron.services.agent.settings import AgentSettings
-from unicron.services.agent.spares import SparePool
-from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from unicron.shared.bus import Bus
-from unicron.shared.messages import (
-    DeadLetter,
-    RegroupDirective,
-    RegroupWorker,
-    Rendezvous,
-    StopWorkers,
-    command_subject,
-)
-from unicron.shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
-from unicron.shared.state import StateStore
-from unicron.shared.workerchannel import SpareLaunch, WorkerLaunch
 
 STEPPER = "step-20-40-40-0"
 

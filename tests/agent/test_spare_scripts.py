@@ -11,14 +11,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
-from tests.agent.conftest import RecordingSink, spare_pool, start_cmd, until
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.launch import JobContext, spare_can_run
 from unicron.services.agent.spares import SparePool
 from unicron.services.agent.supervisor import Supervisor
-from unicron.shared.messages import StartWorker
-from unicron.shared.reports import WorkerExited, WorkerStarted
+from unicron.shared.contracts.messages import StartWorker
+from unicron.shared.contracts.reports import WorkerExited, WorkerStarted
+
+from tests.agent.conftest import RecordingSink, spare_pool, start_cmd, until
 
 REAL_SPARE = [sys.executable, "-m", "unicron.trainer.worker"]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 
 import pytest
-
 from unicron.services.agent.store import RendezvousStore
 
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-
-from tests.agent.conftest import REPO, agent_env
 from unicron.services.agent.agent import Agent, run
 from unicron.services.agent.master import MasterStores, MasterUnavailableError
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.store import RendezvousStore, StorePortsExhaustedError
-from unicron.shared.bus import Bus
-from unicron.shared.messages import Rendezvous
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.messages import Rendezvous
 from unicron.shared.procs import free_port
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
+
+from tests.agent.conftest import REPO, agent_env
 
 
 def _free_pair() -> range:

@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.agent.conftest import RecordingSink, start_cmd
 from unicron.services.agent.outbox import Report
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, WorkerKey
-from unicron.shared.messages import StopWorkers
-from unicron.shared.reports import StepCompleted, WorkerExited, WorkerStarted
-from unicron.shared.workerchannel import WorkerLaunch
+from unicron.shared.contracts.messages import StopWorkers
+from unicron.shared.contracts.reports import StepCompleted, WorkerExited, WorkerStarted
+from unicron.shared.contracts.workerchannel import WorkerLaunch
+
+from tests.agent.conftest import RecordingSink, start_cmd
 
 
 def drain(sink: RecordingSink) -> list[Report]:

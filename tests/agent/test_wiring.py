@@ -1,5 +1,5 @@
 """How the agent's parts are put together: each built whole by the agent, none importing
-another's module, and none reaching past the bus's own methods (``shared.bus.Bus``)."""
+another's module, and none reaching past the bus's own methods (``unicron.shared.bus.bus.Bus``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from unicron.services.agent.agent import Agent
 from unicron.services.agent.packages import PackageDirs
 from unicron.services.agent.settings import AgentSettings
-from unicron.shared.bus import Bus
-from unicron.shared.packages import PackageError, put_package
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus
+from unicron.shared.bus.packages import PackageError, put_package
+from unicron.shared.store.state import StateStore
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "services" / "agent"
 PARTS = {"supervisor", "spares", "channel"}

@@ -8,9 +8,8 @@ from collections.abc import Callable
 
 import httpx
 from pydantic import ValidationError
-
-from unicron.shared.bus import Bus
-from unicron.shared.messages import (
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.messages import (
     AGENT_COMMAND,
     AgentCommand,
     FaultKind,
@@ -18,9 +17,9 @@ from unicron.shared.messages import (
     InjectFault,
     command_subject,
 )
-from unicron.shared.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
-from unicron.shared.roles import ServiceRole
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.store.state import StateStore
 
 ADMIN = "admin-token-0123456789abcdef"
 USER_A = "user-a-token-0123456789abcdef"
@@ -38,7 +37,7 @@ def bearer(token: str) -> dict[str, str]:
 
 def moved(*states: JobState, reason: str = "") -> Callable[[Job], bool]:
     """A record update that moves the job along ``states`` as the executor would, each step a
-    move of the lifecycle (shared/lifecycle.py); the last one records ``reason``."""
+    move of the lifecycle (shared/contracts/lifecycle.py); the last one records ``reason``."""
 
     def move(job: Job) -> bool:
         for state in states:
@@ -98,7 +97,7 @@ async def command_queue(bus: Bus, node_id: str) -> asyncio.Queue[Received]:
 def fault_round_trips() -> bool:
     """Whether an agent can parse the InjectFault the API sends. Not yet: FaultSpec dumps its
     defaults (message, exit_code, slowdown), and its validator then takes them as set for the
-    wrong kind. The fix belongs in shared/messages.py."""
+    wrong kind. The fix belongs in shared/contracts/messages.py."""
     fault = FaultSpec(rank=0, kind=FaultKind.CRASH)
     command = InjectFault(job_id="job-x", generation=1, rank=0, fault=fault)
     return not isinstance(parse_command(command.model_dump_json().encode()), ValidationError)

@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import uvicorn
-
 from unicron.services.api.app import create_app
 from unicron.services.api.settings import ApiSettings
 from unicron.shared.procs import free_port

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from unicron.services.agent.logs import LogServer
 from unicron.services.agent.supervisor import WorkerKey
-from unicron.shared.bus import Bus
-from unicron.shared.logs import LogsReply, LogsRequest
-from unicron.shared.models import NodeRecord
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.logs import LogsReply, LogsRequest
+from unicron.shared.contracts.models import NodeRecord
+from unicron.shared.store.state import StateStore
 
 JOB = "job-logs"
 

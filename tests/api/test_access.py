@@ -6,14 +6,14 @@ import asyncio
 
 import httpx
 import pytest
-
-from tests.api.factories import ADMIN, TOKENS, USER_A, USER_B, bearer, put_job
 from unicron.services.api.__main__ import check_bind, load_settings
 from unicron.services.api.access import Caller, grant_for, may_see
 from unicron.services.api.app import create_app
 from unicron.services.api.settings import ApiSettings
-from unicron.shared.models import Job, JobSpec
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.models import Job, JobSpec
+from unicron.shared.store.state import StateStore
+
+from tests.api.factories import ADMIN, TOKENS, USER_A, USER_B, bearer, put_job
 
 
 def v1_calls() -> list[tuple[str, str]]:

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import httpx
 from typer.testing import CliRunner
-
-from tests.api import live
-from tests.api.factories import ADMIN, TOKENS, USER_A, bearer, says_not_found
 from unicron.cli.main import app
 from unicron.planning.api import TransitionKind
 from unicron.services.planner.calibration import CalibrationStore, FailurePrior
-from unicron.shared.models import Job, JobSpec
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.models import Job, JobSpec
+from unicron.shared.store.state import StateStore
 from unicron.simulator.inputs import load_calibration
+
+from tests.api import live
+from tests.api.factories import ADMIN, TOKENS, USER_A, bearer, says_not_found
 
 PRIOR = FailurePrior(rate_per_gpu_h=1e-3, gpu_h=10.0, half_life_h=24.0)
 

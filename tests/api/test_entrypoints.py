@@ -10,8 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
 
 SPEC: dict[str, Any] = {"name": "mine", "entrypoint": ["python", "train.py"], "max_workers": 2}
 

@@ -7,10 +7,9 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx
-
-from unicron.shared.bus import Bus
-from unicron.shared.events import JobSubmitted, NodeJoined
-from unicron.shared.models import JobSpec
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import JobSubmitted, NodeJoined
+from unicron.shared.contracts.models import JobSpec
 
 
 def submitted(job_id: str) -> JobSubmitted:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import httpx
+from unicron.shared.servers.embedded import EmbeddedServer
 
 from tests.api.live import eventually
-from unicron.shared.embedded import EmbeddedServer
 
 
 async def test_ready_until_a_dependency_goes_away(

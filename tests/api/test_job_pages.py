@@ -9,13 +9,13 @@ from typing import Any
 
 import httpx
 import pytest
+from unicron.services.api.paging import encode_cursor, page_jobs
+from unicron.shared.contracts.models import Job, JobSpec, JobState
+from unicron.shared.store.jobindex import JobPosition
+from unicron.shared.store.state import StateStore
 
 from tests.api.factories import TOKENS, USER_A, USER_B, bearer, moved, put_job
 from tests.api.live import eventually, serve_api
-from unicron.services.api.paging import encode_cursor, page_jobs
-from unicron.shared.jobindex import JobPosition
-from unicron.shared.models import Job, JobSpec, JobState
-from unicron.shared.state import StateStore
 
 SPEC = {"name": "p", "steps": 10}
 RETENTION_S = 2.0  # long enough to list them first on a busy machine

@@ -9,12 +9,12 @@ from typing import cast
 
 import httpx
 import pytest
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import JobState, NodeRecord
+from unicron.shared.store.state import StateStore
 
 from tests.api.factories import moved
-from unicron.shared.bus import Bus
-from unicron.shared.events import CloudEvent
-from unicron.shared.models import JobState, NodeRecord
-from unicron.shared.state import StateStore
 
 SPEC = {"name": "tiny", "steps": 10, "min_workers": 1, "max_workers": 2}
 

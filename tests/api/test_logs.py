@@ -10,13 +10,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.models import Job, JobState
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.store.state import StateStore
 
 from tests.api.factories import USER_A, USER_B, bearer, put_job
 from tests.api.log_nodes import JOB, Node, serve_nodes
-from unicron.shared.bus import Bus
-from unicron.shared.models import Job, JobState
-from unicron.shared.roles import ServiceRole
-from unicron.shared.state import StateStore
 
 LINES = [f"step {i} loss {1 / (i + 1):.3f}" for i in range(150)]
 

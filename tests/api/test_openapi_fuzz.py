@@ -41,16 +41,16 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.calibration import CALIBRATION_KEY, CalibrationRecord
+from unicron.shared.contracts.models import Job, JobState, NodeRecord, PlanAction
+from unicron.shared.contracts.plans import JobAllocation, Plan
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.store.state import StateStore
 
 from tests.api.factories import ADMIN, TOKENS, USER_A, bearer, put_job
 from tests.api.live import serve_api
 from tests.api.log_nodes import JOB, Node
-from unicron.shared.bus import Bus
-from unicron.shared.calibration import CALIBRATION_KEY, CalibrationRecord
-from unicron.shared.models import Job, JobState, NodeRecord, PlanAction
-from unicron.shared.plans import JobAllocation, Plan
-from unicron.shared.roles import ServiceRole
-from unicron.shared.state import StateStore
 
 CHECKS = [
     not_a_server_error,

@@ -7,18 +7,18 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from fastapi import Depends, FastAPI
-
-from tests.api import live
-from tests.api.factories import ADMIN, TOKENS, USER_A, bearer, says_not_found
 from unicron.planning.planning import plan_cluster, snapshot
 from unicron.services.api.access import authenticate
 from unicron.services.api.app import create_app
 from unicron.services.api.routes import plans
 from unicron.services.api.settings import ApiSettings
 from unicron.services.planner.settings import PlannerSettings
-from unicron.shared.models import Job, JobSpec, NodeRecord, PlanAction, now
-from unicron.shared.plans import JobAllocation, Plan
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.models import Job, JobSpec, NodeRecord, PlanAction, now
+from unicron.shared.contracts.plans import JobAllocation, Plan
+from unicron.shared.store.state import StateStore
+
+from tests.api import live
+from tests.api.factories import ADMIN, TOKENS, USER_A, bearer, says_not_found
 
 
 @pytest.fixture(autouse=True)

@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import PlanCreated, PlannedJob
+from unicron.shared.contracts.models import NodeRecord, NodeWorker, PlanAction
+from unicron.shared.contracts.plans import JobAllocation, Plan
+from unicron.shared.store.state import StateStore
 
 from tests.api.factories import ADMIN, TOKENS, USER_A, USER_B, bearer
 from tests.api.live import serve_api
-from unicron.shared.bus import Bus
-from unicron.shared.events import PlanCreated, PlannedJob
-from unicron.shared.models import NodeRecord, NodeWorker, PlanAction
-from unicron.shared.plans import JobAllocation, Plan
-from unicron.shared.state import StateStore
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import httpx
 import nats.errors
-
-from tests.api.live import eventually, serve_api
 from unicron.services.api.app import create_app
 from unicron.services.api.settings import ApiSettings
-from unicron.shared.embedded import start_redis
+from unicron.shared.servers.embedded import start_redis
+
+from tests.api.live import eventually, serve_api
 
 
 async def test_redis_down_is_503_with_retry_after_and_heals(nats_url: str, tmp_path: Path) -> None:

@@ -8,11 +8,11 @@ import math
 from typing import Any
 
 import pytest
+from unicron.shared.contracts.messages import FaultKind
 
 from bench.chaos_audit import audit
 from bench.chaos_plan import ActionPlan, FaultPlan
 from bench.chaos_records import ActionRecord, Injection
-from unicron.shared.messages import FaultKind
 
 JOB = "job-0123456789ab"
 

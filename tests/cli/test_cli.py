@@ -6,17 +6,17 @@ import asyncio
 from pathlib import Path
 
 from typer.testing import CliRunner, Result
-
-from tests.api.factories import moved
-from tests.api.live import eventually
 from unicron.cli.client import ApiClient
 from unicron.cli.main import app
 from unicron.cli.render import event_line
-from unicron.shared.bus import Bus
-from unicron.shared.events import NodeJoined
-from unicron.shared.models import Job, JobState, NodeRecord
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import NodeJoined
+from unicron.shared.contracts.models import Job, JobState, NodeRecord
 from unicron.shared.procs import free_port
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
+
+from tests.api.factories import moved
+from tests.api.live import eventually
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 

@@ -8,14 +8,14 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from tests.cli.test_cli import unicron
 from unicron.cli import packages
 from unicron.cli.render import event_line
-from unicron.shared.events import CloudEvent, FailureDetected
-from unicron.shared.models import FailureRecord, Job, JobSpec, JobState
-from unicron.shared.state import StateStore
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.events import CloudEvent, FailureDetected
+from unicron.shared.contracts.models import FailureRecord, Job, JobSpec, JobState
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.store.state import StateStore
+
+from tests.cli.test_cli import unicron
 
 
 def code_dir(tmp_path: Path) -> Path:

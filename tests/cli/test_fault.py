@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner, Result
+from unicron.cli.main import app
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.messages import command_subject
+from unicron.shared.store.state import StateStore
 
 from tests.api.factories import ADMIN, TOKENS, USER_A, commands_sent, put_job
 from tests.api.live import serve_api
-from unicron.cli.main import app
-from unicron.shared.bus import Bus
-from unicron.shared.messages import command_subject
-from unicron.shared.state import StateStore
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1", "UNICRON_API_TOKEN": None})
 

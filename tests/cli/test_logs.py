@@ -7,13 +7,13 @@ import asyncio
 from pathlib import Path
 
 from typer.testing import CliRunner, Result
+from unicron.cli.main import app
+from unicron.shared.bus.bus import Bus
+from unicron.shared.procs import free_port
+from unicron.shared.store.state import StateStore
 
 from tests.api.factories import put_job
 from tests.api.log_nodes import JOB, Node, serve_nodes
-from unicron.cli.main import app
-from unicron.shared.bus import Bus
-from unicron.shared.procs import free_port
-from unicron.shared.state import StateStore
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1", "UNICRON_API_TOKEN": None})
 

@@ -10,8 +10,6 @@ import pytest
 import typer
 from fastapi import FastAPI
 from typer.testing import CliRunner, Result
-
-from tests.api import live
 from unicron.cli.plan import plan as plan_command
 from unicron.planning.api import Calibration
 from unicron.planning.fairness import PlanRules, TenantQuotas
@@ -20,7 +18,7 @@ from unicron.services.api.app import create_app
 from unicron.services.api.routes import plans
 from unicron.services.api.settings import ApiSettings
 from unicron.services.planner.settings import PlannerSettings
-from unicron.shared.models import (
+from unicron.shared.contracts.models import (
     FailureRecord,
     HistoryEntry,
     Job,
@@ -32,8 +30,10 @@ from unicron.shared.models import (
     WorkerState,
     now,
 )
-from unicron.shared.plans import Plan
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.plans import Plan
+from unicron.shared.store.state import StateStore
+
+from tests.api import live
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 GPT_7B = ModelConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048, vocab=51200)

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import httpx
-
-from tests.api.factories import ADMIN, TOKENS, USER_A, bearer
 from unicron.cli.stack import Stack, StackConfig
 from unicron.shared.procs import free_port
+
+from tests.api.factories import ADMIN, TOKENS, USER_A, bearer
 
 
 def test_a_stack_with_tokens_starts_and_is_ready(

@@ -6,12 +6,11 @@ import asyncio
 from pathlib import Path
 
 import httpx
-
 from unicron.cli.stack import Stack, StackConfig
-from unicron.shared.bus import Bus
-from unicron.shared.natsauth import ServiceRole, ServiceUser
+from unicron.shared.bus.bus import Bus
+from unicron.shared.bus.streams import STREAMS
+from unicron.shared.contracts.roles import ServiceRole, ServiceUser
 from unicron.shared.procs import free_port
-from unicron.shared.streams import STREAMS
 
 
 async def stream_replicas(stack: Stack) -> set[int | None]:

@@ -1,6 +1,6 @@
 """An in-process detector fed with the reports agents would send, on two backends: the
-in-memory bus and store (:mod:`shared.memorybus`, :mod:`shared.memorystore`) and real NATS +
-Redis. Every test that uses the bus or the state runs on both (ids ``memory`` and ``real``),
+in-memory bus and store (:mod:`tests.twins.memorybus`, :mod:`tests.twins.memorystore`) and real NATS
++ Redis. Every test that uses the bus or the state runs on both (ids ``memory`` and ``real``),
 except those in ``REAL_ONLY``, which need a real server by nature."""
 
 from __future__ import annotations
@@ -11,17 +11,26 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 import pytest
-
 from unicron.services.detector.service import run
 from unicron.services.detector.settings import DetectorSettings
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.events import CloudEvent
-from unicron.shared.memorybus import MemoryBroker, MemoryBus
-from unicron.shared.memorystore import MemoryKeys, MemoryStore
-from unicron.shared.messages import ping_subject
-from unicron.shared.models import Job, JobSpec, JobState, NodeRecord, WorkerRecord, WorkerState, now
-from unicron.shared.ports import EventBus, JobStore
-from unicron.shared.state import StateStore
+from unicron.shared.bus.api import EventBus
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.messages import ping_subject
+from unicron.shared.contracts.models import (
+    Job,
+    JobSpec,
+    JobState,
+    NodeRecord,
+    WorkerRecord,
+    WorkerState,
+    now,
+)
+from unicron.shared.store.api import JobStore
+from unicron.shared.store.state import StateStore
+
+from tests.twins.memorybus import MemoryBroker, MemoryBus
+from tests.twins.memorystore import MemoryKeys, MemoryStore
 
 # Test name → why its memory run is skipped.
 REAL_ONLY = {

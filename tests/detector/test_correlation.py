@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from tests.detector.conftest import Cluster, next_event, no_event
 from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.signals import Candidate
-from unicron.shared.bus import Bus
-from unicron.shared.events import CloudEvent
-from unicron.shared.models import Job, NodeState
-from unicron.shared.reports import WorkerException, WorkerExited, WorkerHung
-from unicron.shared.state import StateStore
-from unicron.shared.taxonomy import FailureCategory, FailureKind
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import Job, NodeState
+from unicron.shared.contracts.reports import WorkerException, WorkerExited, WorkerHung
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
+from unicron.shared.store.state import StateStore
+
+from tests.detector.conftest import Cluster, next_event, no_event
 
 FOUR_RANKS = ["node-0", "node-0", "node-1", "node-1"]
 EXITED, RESET = FailureCategory.EXITED_ABNORMALLY, FailureCategory.CONNECTION_RESET

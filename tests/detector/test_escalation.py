@@ -6,13 +6,14 @@ import asyncio
 import random
 from typing import Any
 
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import FailureRecord, NodeState, now
+from unicron.shared.contracts.reports import StepCompleted, WorkerException
+from unicron.shared.store.state import StateStore
+
 from tests.detector.conftest import Cluster, next_event, no_event
 from tests.detector.test_correlation import reset_by_peer
-from unicron.shared.bus import Bus
-from unicron.shared.events import CloudEvent
-from unicron.shared.models import FailureRecord, NodeState, now
-from unicron.shared.reports import StepCompleted, WorkerException
-from unicron.shared.state import StateStore
 
 
 async def reset_after_a_reattempt(

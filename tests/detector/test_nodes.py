@@ -9,18 +9,18 @@ import time
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
-
-from tests.detector.conftest import Cluster, next_event
 from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.nodes import NodeMonitor
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
-from unicron.shared.bus import Bus
-from unicron.shared.embedded import EmbeddedServer
-from unicron.shared.events import CloudEvent
-from unicron.shared.hearing import Hearing
-from unicron.shared.models import NodeRecord, NodeState, now
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import NodeRecord, NodeState, now
+from unicron.shared.servers.embedded import EmbeddedServer
+from unicron.shared.store.hearing import Hearing
+from unicron.shared.store.state import StateStore
+
+from tests.detector.conftest import Cluster, next_event
 
 HEARTBEAT_S = 0.2  # x 3 misses: silent for more than 0.6 s is lost
 

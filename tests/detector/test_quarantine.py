@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import NodeState
+from unicron.shared.contracts.reports import AnyWorkerReport, WorkerExited
+from unicron.shared.store.state import StateStore
+
 from tests.detector.conftest import Cluster, next_event, no_event
 from tests.detector.test_correlation import reset_by_peer
 from tests.detector.test_escalation import ecc_error
-from unicron.shared.bus import Bus
-from unicron.shared.events import CloudEvent
-from unicron.shared.models import NodeState
-from unicron.shared.reports import AnyWorkerReport, WorkerExited
-from unicron.shared.state import StateStore
 
 FAULTS = 4  # more than quarantine_threshold (3)
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import JobSpec, JobState
+from unicron.shared.contracts.reports import WorkerException
+from unicron.shared.store.state import StateStore
+
 from tests.detector.conftest import Cluster, next_event
-from unicron.shared.bus import Bus
-from unicron.shared.events import CloudEvent
-from unicron.shared.models import JobSpec, JobState
-from unicron.shared.reports import WorkerException
-from unicron.shared.state import StateStore
 
 
 def value_error(job: str, gen: int, launch_failed: bool = False) -> WorkerException:

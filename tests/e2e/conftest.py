@@ -8,10 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.waiting import wait_for
 from unicron.cli.stack import Stack, StackConfig
 from unicron.shared.procs import free_port
+
+from tests.waiting import wait_for
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

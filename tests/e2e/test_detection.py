@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+from unicron.cli.stack import Stack
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.contracts.events import CloudEvent
 
 from tests.e2e.conftest import small_job
-from unicron.cli.stack import Stack
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.events import CloudEvent
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from tests.e2e.conftest import get_job, wait_for, wait_terminal
 from unicron.cli.packages import pack
 from unicron.cli.stack import Stack
+
+from tests.e2e.conftest import get_job, wait_for, wait_terminal
 
 # Written for torchrun: the process group comes from the environment, the checkpoint is its own.
 DDP_SCRIPT = textwrap.dedent(

@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
+from unicron.cli.stack import Stack
 
 from tests.e2e.conftest import get_job, small_job, wait_for, wait_terminal
-from unicron.cli.stack import Stack
 
 
 def test_job_runs_to_success(api: httpx.Client) -> None:
@@ -97,8 +97,8 @@ async def test_malformed_bus_messages_are_dead_lettered_while_jobs_run(
 ) -> None:
     import asyncio
 
-    from unicron.shared.bus import Bus
-    from unicron.shared.messages import DeadLetter
+    from unicron.shared.bus.bus import Bus
+    from unicron.shared.contracts.messages import DeadLetter
 
     bus = await Bus.connect(nats_url, source="unicron/test")
     letters: asyncio.Queue[DeadLetter] = asyncio.Queue()

@@ -6,10 +6,10 @@ import threading
 from pathlib import Path
 
 import httpx
-
-from tests.e2e.conftest import get_job, small_job, wait_for, wait_terminal
 from unicron.cli.stack import Stack, StackConfig
 from unicron.shared.procs import free_port
+
+from tests.e2e.conftest import get_job, small_job, wait_for, wait_terminal
 
 
 def test_a_killed_embedded_redis_comes_back_with_the_jobs(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from unicron.cli.stack import Stack
+from unicron.shared.servers.embedded import EmbeddedServer
 
 from tests.e2e.conftest import TERMINAL, get_job, small_job, wait_for, wait_terminal
-from unicron.cli.stack import Stack
-from unicron.shared.embedded import EmbeddedServer
 
 REBUILD_BUDGET_S = 10.0
 STEPS = 150

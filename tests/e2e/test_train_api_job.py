@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import torch
 import yaml
-
-from tests.e2e.conftest import get_job, wait_for, wait_terminal
 from unicron.cli.stack import Stack
 from unicron.trainer.ledger import read_ledger
+
+from tests.e2e.conftest import get_job, wait_for, wait_terminal
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_to_unicron"
 STEPS = 200

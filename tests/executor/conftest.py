@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-
-from tests.agent.conftest import agent, joined  # noqa: F401  (fixtures: a real agent process)
 from unicron.services.executor.service import Executor
 from unicron.services.executor.settings import ExecutorSettings
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.events import CloudEvent, EventData
-from unicron.shared.messages import AGENT_COMMAND, AnyAgentCommand, command_subject
-from unicron.shared.models import (
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.contracts.events import CloudEvent, EventData
+from unicron.shared.contracts.messages import AGENT_COMMAND, AnyAgentCommand, command_subject
+from unicron.shared.contracts.models import (
     FailureRecord,
     Job,
     JobSpec,
@@ -28,10 +26,12 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.plans import JobAllocation, Plan
-from unicron.shared.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
-from unicron.shared.roles import ServiceRole
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.plans import JobAllocation, Plan
+from unicron.shared.contracts.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.store.state import StateStore
+
+from tests.agent.conftest import agent, joined  # noqa: F401  (fixtures: a real agent process)
 
 C = TypeVar("C", bound=AnyAgentCommand)
 E = TypeVar("E", bound=EventData)
@@ -83,7 +83,7 @@ class Events:
 
 @pytest.fixture
 async def executor(bus: Bus, state: StateStore, tmp_path: Path) -> AsyncIterator[Executor]:
-    """Wired as ``services.executor.service.run`` wires it, without the reconcile loop."""
+    """Wired as ``unicron.services.executor.service.run`` wires it, without the reconcile loop."""
     settings = ExecutorSettings(data_dir=tmp_path, regroup_timeout_s=5.0)
     ex = Executor(bus, state, settings)
     await bus.consume("unicron.events.plan.created", "executor", parse_event, ex.on_event)

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from unicron.services.executor.commands import regroup_commands
-from unicron.shared.models import Job, JobSpec, NodeRecord, NodeState, WorkerRecord, WorkerState
+from unicron.shared.contracts.models import (
+    Job,
+    JobSpec,
+    NodeRecord,
+    NodeState,
+    WorkerRecord,
+    WorkerState,
+)
 
 
 def node(name: str, host: str, state: NodeState = NodeState.READY) -> NodeRecord:

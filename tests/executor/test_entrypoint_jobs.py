@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from unicron.services.executor.commands import placement, start_commands
 from unicron.services.executor.survivors import in_place_workers
-from unicron.shared.models import (
+from unicron.shared.contracts.models import (
     Job,
     JobSpec,
     JobState,
@@ -14,7 +14,7 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.plans import JobAllocation
+from unicron.shared.contracts.plans import JobAllocation
 
 
 def job_on(nodes: list[str], stepping: bool = False) -> Job:

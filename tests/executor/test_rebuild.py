@@ -8,15 +8,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
-from tests.executor.conftest import FakeAgent
-from tests.heartbeats import beating
 from unicron.services.executor.progress import ProgressTracker
 from unicron.services.executor.rebuild import Rebuilder, StateRebuildingError
 from unicron.services.executor.settings import ExecutorSettings
 from unicron.services.executor.transitions import TransitionRunner
-from unicron.shared.bus import Bus
-from unicron.shared.events import (
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import (
     EventData,
     JobStateChanged,
     JobSubmitted,
@@ -26,9 +23,8 @@ from unicron.shared.events import (
     TransitionCompleted,
     TransitionStarted,
 )
-from unicron.shared.lease import PLANNER_LEASE
-from unicron.shared.messages import AGENT_COMMAND, StopWorkers, command_subject
-from unicron.shared.models import (
+from unicron.shared.contracts.messages import AGENT_COMMAND, StopWorkers, command_subject
+from unicron.shared.contracts.models import (
     JobSpec,
     JobState,
     NodeRecord,
@@ -38,9 +34,13 @@ from unicron.shared.models import (
     WorkerState,
     now,
 )
-from unicron.shared.plans import JobAllocation, Plan
-from unicron.shared.reports import StepCompleted, WorkerExited
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.plans import JobAllocation, Plan
+from unicron.shared.contracts.reports import StepCompleted, WorkerExited
+from unicron.shared.store.lease import PLANNER_LEASE
+from unicron.shared.store.state import StateStore
+
+from tests.executor.conftest import FakeAgent
+from tests.heartbeats import beating
 
 SPEC = JobSpec(name="kept", steps=40, min_workers=1, max_workers=2)
 

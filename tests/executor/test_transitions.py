@@ -7,15 +7,20 @@ the commands, and the test answers with the reports real agents and workers woul
 from __future__ import annotations
 
 import structlog
+from unicron.services.executor.service import Executor
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import TransitionCompleted, TransitionStarted
+from unicron.shared.contracts.messages import RegroupWorker, StartWorker, StopWorkers
+from unicron.shared.contracts.models import Job, JobState, NodeState, PlanAction, WorkerState
+from unicron.shared.contracts.reports import (
+    StepCompleted,
+    WorkerExited,
+    WorkerRegrouped,
+    WorkerStarted,
+)
+from unicron.shared.store.state import StateStore
 
 from tests.executor.conftest import PORTS, Events, FakeAgent, apply, fail, job_where, running_job
-from unicron.services.executor.service import Executor
-from unicron.shared.bus import Bus
-from unicron.shared.events import TransitionCompleted, TransitionStarted
-from unicron.shared.messages import RegroupWorker, StartWorker, StopWorkers
-from unicron.shared.models import Job, JobState, NodeState, PlanAction, WorkerState
-from unicron.shared.reports import StepCompleted, WorkerExited, WorkerRegrouped, WorkerStarted
-from unicron.shared.state import StateStore
 
 FOUR = ["n0", "n0", "n1", "n1"]
 

@@ -11,12 +11,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from unicron.services.executor.service import Executor
+from unicron.shared.contracts.events import NodeJoined, TransitionCompleted
+from unicron.shared.contracts.models import Job, JobState, PlanAction, WorkerState
+from unicron.shared.store.state import StateStore
+
 from tests.agent.conftest import NODE
 from tests.executor.conftest import Events, apply, fail, job_where, spec
-from unicron.services.executor.service import Executor
-from unicron.shared.events import NodeJoined, TransitionCompleted
-from unicron.shared.models import Job, JobState, PlanAction, WorkerState
-from unicron.shared.state import StateStore
 
 
 async def spare_ready(state: StateStore, after: float, within: float = 30) -> None:

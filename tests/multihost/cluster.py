@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from unicron.shared.procs import port_open
+from unicron.shared.servers.embedded import nats_server_binary, redis_server_binary
 
 from tests import waiting
 from tests.multihost.netns import Network
-from unicron.shared.embedded import nats_server_binary, redis_server_binary
-from unicron.shared.procs import port_open
 
 CONTROL = "cp"
 NATS_PORT, REDIS_PORT, API_PORT = 4222, 6379, 8080

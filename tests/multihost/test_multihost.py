@@ -24,10 +24,10 @@ from typing import Any
 
 import httpx
 import pytest
+from unicron.trainer.ledger import LEDGER_FILE, LedgerEntry, read_ledger
 
 from tests.multihost.cluster import Cluster, running_cluster, wait_for
 from tests.multihost.netns import unavailable
-from unicron.trainer.ledger import LEDGER_FILE, LedgerEntry, read_ledger
 
 pytestmark = pytest.mark.multihost
 

@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from unicron.shared.bus.bus import Bus, parse_event
+from unicron.shared.contracts.events import CloudEvent, PlanCreated
+from unicron.shared.contracts.models import NodeRecord, now
+from unicron.shared.procs import die_with_parent
+from unicron.shared.store.state import StateStore
 
 from tests.planner.live import Live, StartPlanner
-from unicron.shared.bus import Bus, parse_event
-from unicron.shared.events import CloudEvent, PlanCreated
-from unicron.shared.models import NodeRecord, now
-from unicron.shared.procs import die_with_parent
-from unicron.shared.state import StateStore
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("node-a", "node-b")
@@ -25,7 +25,7 @@ NODES = ("node-a", "node-b")
 
 @pytest.fixture
 def start_planner(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[StartPlanner]:
-    """Start ``python -m services.planner``; every one started is stopped at the end."""
+    """Start ``python -m unicron.services.planner``; every one started is stopped at the end."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(**settings: str) -> subprocess.Popen[bytes]:

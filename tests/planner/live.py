@@ -8,12 +8,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from unicron.shared.bus import Bus
-from unicron.shared.events import JobSubmitted, PlanCreated
-from unicron.shared.lease import PLANNER_LEASE, current_epoch
-from unicron.shared.models import Job, JobSpec, PlanAction
-from unicron.shared.plans import Plan
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import JobSubmitted, PlanCreated
+from unicron.shared.contracts.models import Job, JobSpec, PlanAction
+from unicron.shared.contracts.plans import Plan
+from unicron.shared.store.lease import PLANNER_LEASE, current_epoch
+from unicron.shared.store.state import StateStore
 
 WAIT_S = 15.0
 

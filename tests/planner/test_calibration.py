@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
 from unicron.planning.api import TransitionKind
 from unicron.planning.clusters import CPU
 from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore, FailurePrior
 from unicron.services.planner.feedback import Feedback, demand_of
-from unicron.shared.events import FailureDetected, TransitionCompleted
-from unicron.shared.models import Job, JobSpec, JobState, PlanAction, now
-from unicron.shared.plans import JobAllocation, JobExplanation, Plan
-from unicron.shared.reports import StepCompleted
-from unicron.shared.state import StateStore
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.events import FailureDetected, TransitionCompleted
+from unicron.shared.contracts.models import Job, JobSpec, JobState, PlanAction, now
+from unicron.shared.contracts.plans import JobAllocation, JobExplanation, Plan
+from unicron.shared.contracts.reports import StepCompleted
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.store.state import StateStore
 
 PRIOR = FailurePrior(rate_per_gpu_h=1e-3, gpu_h=10.0, half_life_h=24.0)
 MODEL = MegatronThroughput(CPU)

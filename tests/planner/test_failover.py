@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from unicron.shared.contracts.models import PlanAction
+
 from tests.planner.live import Live, epoch_reached, eventually, logged, summary
-from unicron.shared.models import PlanAction
 
 
 async def test_a_standby_planner_takes_over_within_the_lease_time(

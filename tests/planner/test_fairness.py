@@ -6,13 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from unicron.planning.planning import plan_cluster
+from unicron.services.planner.settings import PlannerSettings
+from unicron.shared.contracts.models import Job, JobSpec
+from unicron.shared.contracts.plans import Fairness
+
 from bench.plan import cluster, quarter, running, tenants
 from tests.planner.conftest import REPO
 from tests.planner.live import Live
-from unicron.planning.planning import plan_cluster
-from unicron.services.planner.settings import PlannerSettings
-from unicron.shared.models import Job, JobSpec
-from unicron.shared.plans import Fairness
 
 
 def test_the_service_refuses_to_start_on_bad_quotas() -> None:

@@ -7,11 +7,11 @@ import time
 
 from unicron.services.executor.settings import ExecutorSettings
 from unicron.services.executor.transitions import TransitionRunner
-from unicron.shared.bus import Bus
-from unicron.shared.lease import PLANNER_LEASE, Lease, LeaseState, current_epoch
-from unicron.shared.models import Job, JobSpec, JobState, NodeRecord, PlanAction
-from unicron.shared.plans import JobAllocation, Plan
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.models import Job, JobSpec, JobState, NodeRecord, PlanAction
+from unicron.shared.contracts.plans import JobAllocation, Plan
+from unicron.shared.store.lease import PLANNER_LEASE, Lease, LeaseState, current_epoch
+from unicron.shared.store.state import StateStore
 
 TTL_S = 0.5
 

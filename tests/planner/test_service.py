@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.planner.live import Live, summary
-from unicron.shared.events import FailureDetected, NodeStateChanged
-from unicron.shared.models import (
+from unicron.shared.contracts.events import FailureDetected, NodeStateChanged
+from unicron.shared.contracts.models import (
     FailureRecord,
     Job,
     JobSpec,
@@ -19,7 +18,9 @@ from unicron.shared.models import (
     WorkerState,
     now,
 )
-from unicron.shared.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+
+from tests.planner.live import Live, summary
 
 
 async def test_submitted_job_starts_on_two_workers(live: Live) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-
-from tests.planning.defaults import default_objective
 from unicron.planning.clusters import CLUSTERS
 from unicron.services.planner.settings import PlannerSettings
-from unicron.shared.plans import Fairness
+from unicron.shared.contracts.plans import Fairness
+
+from tests.planning.defaults import default_objective
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 
 import pytest
-
 from unicron.services.planner import service
 
 

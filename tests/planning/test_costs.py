@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from unicron.planning.api import KINDS, SOURCES, JobDemand, StateSource, TransitionKind
 from unicron.planning.clusters import A100, CPU
 from unicron.planning.costs import ModelledDowntime, classify

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from unicron.planning import dp
 from unicron.planning.api import JobDemand, Objective
 from unicron.planning.clusters import A100

@@ -4,12 +4,12 @@ plan that says who waits, why and since when."""
 from __future__ import annotations
 
 import pytest
-
-from tests.planning.test_planning import NOW, OBJECTIVE, by_job, job, node
 from unicron.planning.fairness import PlanRules, TenantQuotas, waited_s, waiting_since
 from unicron.planning.planning import PlanDraft, plan_cluster, snapshot
-from unicron.shared.models import HistoryEntry, Job, JobState, NodeRecord, NodeState
-from unicron.shared.plans import Fairness, WaitReason
+from unicron.shared.contracts.models import HistoryEntry, Job, JobState, NodeRecord, NodeState
+from unicron.shared.contracts.plans import Fairness, WaitReason
+
+from tests.planning.test_planning import NOW, OBJECTIVE, by_job, job, node
 
 HOUR = 3600.0
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from unicron.planning.api import JobDemand
 from unicron.planning.clusters import A100, CLUSTERS, CPU
 from unicron.planning.perf import Workload, best_configs, iteration_times, memory_per_gpu

@@ -7,7 +7,6 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from unicron.planning.api import NodeView
 from unicron.planning.placement import PlacementError, PlacementRequest, place
 

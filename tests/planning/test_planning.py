@@ -6,7 +6,7 @@ from unicron.planning.api import Objective
 from unicron.planning.costs import ConstantDowntime
 from unicron.planning.planning import PlanDraft, needs_publish, plan_cluster, snapshot
 from unicron.planning.throughput import LinearThroughput
-from unicron.shared.models import (
+from unicron.shared.contracts.models import (
     FailureRecord,
     Job,
     JobSpec,
@@ -17,7 +17,7 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.plans import JobAllocation, Plan, WaitReason
+from unicron.shared.contracts.plans import JobAllocation, Plan, WaitReason
 
 NOW = 10_000.0
 OBJECTIVE = Objective(LinearThroughput(), ConstantDowntime(10.0, 10.0, 0.0), run_s=3600.0)

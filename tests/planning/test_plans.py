@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
-from tests.planning.defaults import default_objective
 from unicron.planning import clusters
 from unicron.planning.api import Calibration, Objective, TransitionKind
 from unicron.planning.planning import (
@@ -17,7 +15,7 @@ from unicron.planning.planning import (
     run_time,
     snapshot,
 )
-from unicron.shared.models import (
+from unicron.shared.contracts.models import (
     Job,
     JobSpec,
     JobState,
@@ -28,7 +26,9 @@ from unicron.shared.models import (
     WorkerRecord,
     WorkerState,
 )
-from unicron.shared.plans import JobAllocation, Plan
+from unicron.shared.contracts.plans import JobAllocation, Plan
+
+from tests.planning.defaults import default_objective
 
 NOW = 10_000.0
 CPU = default_objective(clusters.CPU)

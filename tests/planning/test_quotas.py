@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from tests.planning.test_dp import NODE_OBJECTIVE, g, instances, node_instances
 from unicron.planning.allocation import allocate_units, guarantee
 from unicron.planning.api import JobDemand, JobView, Objective
 from unicron.planning.costs import ConstantDowntime
 from unicron.planning.fairness import PlanRules, TenantQuotas
 from unicron.planning.objective import all_terms, stack
 from unicron.planning.throughput import LinearThroughput
-from unicron.shared.models import JobState
-from unicron.shared.plans import Fairness
+from unicron.shared.contracts.models import JobState
+from unicron.shared.contracts.plans import Fairness
+
+from tests.planning.test_dp import NODE_OBJECTIVE, g, instances, node_instances
 
 TENANTS = st.sampled_from(["team-a", "team-b", None])
 Quotas = dict[str, int]

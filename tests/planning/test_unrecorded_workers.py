@@ -7,7 +7,7 @@ from unicron.planning.api import Objective
 from unicron.planning.costs import ConstantDowntime
 from unicron.planning.planning import plan_cluster, snapshot
 from unicron.planning.throughput import LinearThroughput
-from unicron.shared.models import Job, JobSpec, NodeRecord, NodeWorker, PlanAction
+from unicron.shared.contracts.models import Job, JobSpec, NodeRecord, NodeWorker, PlanAction
 
 NOW = 10_000.0
 OBJECTIVE = Objective(LinearThroughput(), ConstantDowntime(10.0, 10.0, 0.0), run_s=3600.0)

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from unicron.simulator.inputs import ClusterConfig, JobConfig
 from unicron.simulator.trace import Failure, load_trace
 

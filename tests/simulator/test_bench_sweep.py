@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from bench.simulate import CLUSTER, JOBS, main, sweep
 from unicron.simulator.policies import BASELINES, NAMES
 from unicron.simulator.scenario import load_inputs
+
+from bench.simulate import CLUSTER, JOBS, main, sweep
 
 LOW, HIGH = 1.6e-3, 1.5e-2  # about 5 and 46 failures a day on 128 GPUs
 

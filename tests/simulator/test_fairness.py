@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from unicron.planning.fairness import PlanRules
+from unicron.planning.throughput import MegatronThroughput
+from unicron.shared.contracts.plans import Fairness
+from unicron.simulator.inputs import ClusterConfig, JobConfig
+from unicron.simulator.runner import Result, Scenario, run_policy
+from unicron.simulator.workload import Speeds
 
 from bench.simulate import main as bench_main
 from tests.simulator.conftest import cluster_file, write
 from tests.simulator.test_runs import _app
-from unicron.planning.fairness import PlanRules
-from unicron.planning.throughput import MegatronThroughput
-from unicron.shared.plans import Fairness
-from unicron.simulator.inputs import ClusterConfig, JobConfig
-from unicron.simulator.runner import Result, Scenario, run_policy
-from unicron.simulator.workload import Speeds
 
 HOUR = 3600.0
 DAYS = 5

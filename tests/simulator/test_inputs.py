@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.simulator.conftest import write
 from unicron.planning.api import TransitionKind
 from unicron.simulator.inputs import (
     ClusterConfig,
@@ -16,6 +14,8 @@ from unicron.simulator.inputs import (
     load_jobs,
 )
 from unicron.simulator.trace import load_trace
+
+from tests.simulator.conftest import write
 
 CLUSTER = ClusterConfig(4, 8, "a100")
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.simulator.conftest import trace_of
 from unicron.planning.api import Calibration
 from unicron.planning.clusters import A100
 from unicron.simulator.inputs import ClusterConfig, JobConfig
@@ -14,6 +12,8 @@ from unicron.simulator.policies.oobleck import RECONFIGURE_S
 from unicron.simulator.policies.restart import DRAIN_S, RESUBMIT_S, SETUP_S, TIMEOUT_S
 from unicron.simulator.policies.unicron import DEBOUNCE_S, EXCEPTION_S
 from unicron.simulator.runner import Result, Scenario, run_policy
+
+from tests.simulator.conftest import trace_of
 
 HOUR = 3600.0
 CALIB = Calibration(failure_rate_per_gpu_h=1e-4)

@@ -10,12 +10,10 @@ from typing import Any
 import pytest
 import typer
 from typer.testing import CliRunner
-
-from tests.simulator.conftest import cluster_file, write
 from unicron.cli.simulate import simulate
 from unicron.planning.api import Calibration, TransitionKind
 from unicron.planning.clusters import CPU
-from unicron.shared.taxonomy import Severity
+from unicron.shared.contracts.taxonomy import Severity
 from unicron.simulator.calibrate import simulated_crash_downtime
 from unicron.simulator.cluster import ClusterState, OverAllocation
 from unicron.simulator.inputs import ClusterConfig, JobConfig
@@ -24,6 +22,8 @@ from unicron.simulator.policies.oobleck import OVERHEAD as OOBLECK_OVERHEAD
 from unicron.simulator.policies.unicron import DEBOUNCE_S, EXIT_S
 from unicron.simulator.runner import Scenario, run_all, run_policy
 from unicron.simulator.trace import PAPER_MIX, Failure, generate_trace
+
+from tests.simulator.conftest import cluster_file, write
 
 DAY = 86400.0
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 
 import torch.distributed as dist
-
+from unicron.trainer.exits import exit_now
 from unicron.trainer.handoff import Holding
 from unicron.trainer.runtime import RuntimeOptions, join_process_group
-from unicron.trainer.worker import exit_now, read_launch
+from unicron.trainer.worker import read_launch
 
 
 def main() -> int:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 
-import unicron.train
 from unicron.shared.logging import configure_logging
 from unicron.trainer import gpt
+from unicron.trainer.exits import exit_now
 from unicron.trainer.model import GPT
-from unicron.trainer.worker import exit_now
+
+import unicron.train
 
 
 def main() -> int:

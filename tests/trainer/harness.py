@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-from unicron.shared.messages import Rendezvous
-from unicron.shared.models import JobSpec, ModelConfig
+from unicron.shared.contracts.messages import Rendezvous
+from unicron.shared.contracts.models import JobSpec, ModelConfig
+from unicron.shared.contracts.workerchannel import WorkerEnv, WorkerLaunch, env_name
 from unicron.shared.procs import die_with_parent, free_port
-from unicron.shared.workerchannel import WorkerEnv, WorkerLaunch, env_name
 
 REPO = Path(__file__).resolve().parents[2]
 

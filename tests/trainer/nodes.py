@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from unicron.shared.contracts.workerchannel import WorkerLaunch
+from unicron.trainer import checkpoint
 
 from tests.trainer.harness import DISCONNECTED, AgentStandIn, spawn
-from unicron.shared.workerchannel import WorkerLaunch
-from unicron.trainer import checkpoint
 
 Report = dict[str, Any]
 

@@ -10,13 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.trainer.harness import AgentStandIn
-from unicron.shared.messages import FaultKind, FaultSpec
-from unicron.shared.reports import WORKER_REPORT, StepCompleted, WorkerException, WorkerPhase
-from unicron.shared.workerchannel import AnyWorkerDirective, FaultDirective
+from unicron.shared.contracts.messages import FaultKind, FaultSpec
+from unicron.shared.contracts.reports import (
+    WORKER_REPORT,
+    StepCompleted,
+    WorkerException,
+    WorkerPhase,
+)
+from unicron.shared.contracts.workerchannel import AnyWorkerDirective, FaultDirective
 from unicron.trainer import channel as channel_module
 from unicron.trainer.channel import AgentChannel
+
+from tests.trainer.harness import AgentStandIn
 
 
 def step_report(step: int) -> StepCompleted:

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from unicron.shared.contracts.taxonomy import FailureCategory
+from unicron.shared.contracts.workerchannel import WorkerLaunch
+from unicron.trainer import checkpoint, gpt
+from unicron.trainer.model import GPT
 
 import unicron.train
 from tests.trainer.harness import agent_and_store, make_launch, make_spec, next_generation
-from unicron.shared.taxonomy import FailureCategory
-from unicron.shared.workerchannel import WorkerLaunch
-from unicron.trainer import checkpoint, gpt
-from unicron.trainer.model import GPT
 
 
 def run(launch: WorkerLaunch, hook: gpt.Hook | None = None) -> int:

@@ -9,8 +9,7 @@ and InfiniBand ones are from the sources and from public bug reports.
 from __future__ import annotations
 
 import pytest
-
-from unicron.shared.taxonomy import FailureCategory as C
+from unicron.shared.contracts.taxonomy import FailureCategory as C
 from unicron.trainer.classify import RULES, classify, classify_text
 from unicron.trainer.parallel import NonFiniteLossError
 

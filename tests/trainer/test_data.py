@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from tests.trainer.harness import TINY
 from unicron.trainer.data import micro_batch
 from unicron.trainer.parallel import micro_batches_for
+
+from tests.trainer.harness import TINY
 
 
 def test_micro_batch_is_a_pure_function_of_seed_step_and_index() -> None:

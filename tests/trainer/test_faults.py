@@ -14,6 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from unicron.shared.contracts.messages import FaultKind, FaultSpec
+from unicron.shared.contracts.taxonomy import FailureCategory
+from unicron.shared.contracts.workerchannel import FaultDirective
+from unicron.trainer.faults import FaultInbox
+
 from tests.trainer.harness import (
     DISCONNECTED,
     AgentStandIn,
@@ -22,10 +27,6 @@ from tests.trainer.harness import (
     make_spec,
     spawn,
 )
-from unicron.shared.messages import FaultKind, FaultSpec
-from unicron.shared.taxonomy import FailureCategory
-from unicron.shared.workerchannel import FaultDirective
-from unicron.trainer.faults import FaultInbox
 
 Reports = list[dict[str, Any]]
 

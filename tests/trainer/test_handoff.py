@@ -3,15 +3,17 @@ kept, what is still to do — every micro-batch exactly once."""
 
 from __future__ import annotations
 
-from tests.trainer.harness import make_spec
-from unicron.shared.messages import RegroupDirective, Rendezvous
-from unicron.shared.workerchannel import WorkerEnv
+from unicron.shared.contracts.messages import RegroupDirective, Rendezvous
+from unicron.shared.contracts.workerchannel import WorkerEnv
 from unicron.trainer.gpt import make_optimizer
-from unicron.trainer.handoff import Holding, Replica, plan_handoff
+from unicron.trainer.handoff import Holding, plan_handoff
 from unicron.trainer.model import build_model
 from unicron.trainer.regroup import RegroupInbox, is_peer_failure
+from unicron.trainer.replica import Replica
 from unicron.trainer.resume import fall_back_to_disk
 from unicron.trainer.storage import CheckpointStore
+
+from tests.trainer.harness import make_spec
 
 
 def exactly_once(

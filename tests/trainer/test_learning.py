@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-
-from tests.trainer.harness import make_spec
 from unicron.trainer.gpt import make_optimizer, train_step
 from unicron.trainer.model import build_model
 from unicron.trainer.parallel import NonFiniteLossError
+
+from tests.trainer.harness import make_spec
 
 
 def test_loss_goes_down_over_a_few_dozen_steps() -> None:

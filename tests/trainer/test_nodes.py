@@ -8,9 +8,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from unicron.trainer import checkpoint
+
 from tests.trainer.harness import agent_and_store, make_launch, make_spec, next_generation
 from tests.trainer.nodes import assert_same_bits, resumed_from, run_ranks, state_of
-from unicron.trainer import checkpoint
 
 
 def test_the_first_of_many_claims_on_a_node_wins_and_a_later_generation_claims_afresh(

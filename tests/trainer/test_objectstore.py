@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from unicron.shared.contracts.workerchannel import WorkerLaunch
+from unicron.shared.procs import free_port
+from unicron.trainer import checkpoint
+from unicron.trainer.gpt import make_optimizer
+from unicron.trainer.model import build_model
+from unicron.trainer.objectstore import RemoteCheckpoints
+from unicron.trainer.replica import Replica
+from unicron.trainer.resume import fall_back_to_disk
+from unicron.trainer.storage import CheckpointStore
 
 from tests.trainer.harness import agent_and_store, make_launch, make_spec, next_generation
 from tests.trainer.nodes import assert_same_bits, resumed_from, run_ranks, state_of
-from unicron.shared.procs import free_port
-from unicron.shared.workerchannel import WorkerLaunch
-from unicron.trainer import checkpoint
-from unicron.trainer.gpt import make_optimizer
-from unicron.trainer.handoff import Replica
-from unicron.trainer.model import build_model
-from unicron.trainer.objectstore import RemoteCheckpoints
-from unicron.trainer.resume import fall_back_to_disk
-from unicron.trainer.storage import CheckpointStore
 
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")

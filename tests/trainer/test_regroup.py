@@ -7,14 +7,14 @@ from __future__ import annotations
 import time
 
 import torch
-
-from tests.trainer.harness import make_spec
-from tests.trainer.transitions import executor
-from unicron.shared.models import JobSpec
+from unicron.shared.contracts.models import JobSpec
 from unicron.trainer import checkpoint
 from unicron.trainer.gpt import make_optimizer, train_step
 from unicron.trainer.ledger import read_ledger
 from unicron.trainer.model import build_model
+
+from tests.trainer.harness import make_spec
+from tests.trainer.transitions import executor
 
 
 def reference(spec: JobSpec) -> tuple[dict[str, torch.Tensor], list[float]]:

@@ -9,16 +9,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-
-from tests.trainer.harness import make_spec
-from tests.trainer.transitions import executor
-from unicron.shared.messages import FaultKind, FaultSpec
-from unicron.shared.models import JobSpec
-from unicron.shared.workerchannel import FaultDirective
+from unicron.shared.contracts.messages import FaultKind, FaultSpec
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.workerchannel import FaultDirective
 from unicron.trainer import checkpoint
 from unicron.trainer.gpt import loss_of, make_optimizer
 from unicron.trainer.model import build_model
 from unicron.trainer.parallel import micro_batches_for
+
+from tests.trainer.harness import make_spec
+from tests.trainer.transitions import executor
 
 WORLD = 2
 

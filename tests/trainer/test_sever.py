@@ -7,8 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-
-from unicron.shared.messages import RegroupDirective, Rendezvous
+from unicron.shared.contracts.messages import RegroupDirective, Rendezvous
 from unicron.trainer.regroup import RegroupInbox
 from unicron.trainer.sever import connections_to
 

@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 
 import torch
-
-from tests.trainer.harness import DISCONNECTED, REPO, make_spec
-from tests.trainer.transitions import Executor, executor
-from tests.trainer.user_script import dataset
-from unicron.shared.models import JobSpec
+from unicron.shared.contracts.models import JobSpec
 from unicron.trainer import checkpoint
 from unicron.trainer.ledger import read_ledger
 from unicron.trainer.parallel import micro_batches_for
 from unicron.trainer.sampling import sample_indices, source_of
+
+from tests.trainer.harness import DISCONNECTED, REPO, make_spec
+from tests.trainer.transitions import Executor, executor
+from tests.trainer.user_script import dataset
 
 SCRIPT = "tests.trainer.user_script"
 # 40 samples, 12 a step: epochs end mid-step; six micro-batches of two.

@@ -7,11 +7,12 @@ import json
 import subprocess
 from typing import Any
 
-from tests.trainer.harness import DISCONNECTED, agent_and_store, make_launch, make_spec, spawn
-from unicron.shared.taxonomy import FailureCategory
+from unicron.shared.contracts.taxonomy import FailureCategory
 from unicron.trainer import checkpoint
 from unicron.trainer.gpt import make_optimizer, train_step
 from unicron.trainer.model import build_model
+
+from tests.trainer.harness import DISCONNECTED, agent_and_store, make_launch, make_spec, spawn
 
 
 def finish(procs: list[subprocess.Popen[bytes]], timeout_s: float = 60) -> list[int]:

@@ -11,10 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from unicron.shared.contracts.messages import FaultKind, FaultSpec, RegroupDirective
+from unicron.shared.contracts.models import JobSpec
+from unicron.shared.contracts.workerchannel import FaultDirective, WorkerEnv, WorkerLaunch
+
 from tests.trainer.harness import AgentStandIn, agent_and_held_store, make_launch, spawn
-from unicron.shared.messages import FaultKind, FaultSpec, RegroupDirective
-from unicron.shared.models import JobSpec
-from unicron.shared.workerchannel import FaultDirective, WorkerEnv, WorkerLaunch
 
 Report = dict[str, Any]
 
@@ -44,7 +45,7 @@ class Executor:
         return base.model_copy(update={"generation": generation, "state_source_rank": source})
 
     def rendezvous(self, generation: int) -> Any:
-        from unicron.shared.messages import Rendezvous
+        from unicron.shared.contracts.messages import Rendezvous
 
         return Rendezvous(host=self.host, port=self.port, prefix=f"job-t/gen-{generation}/")
 

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
+from unicron.shared.contracts.models import JobSpec
 
 import unicron.train
-from unicron.shared.models import JobSpec
 
 
 def dataset() -> TensorDataset:

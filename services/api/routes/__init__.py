@@ -1,1 +1,1 @@
-"""One router per resource; :func:`services.api.app.create_app` mounts them."""
+"""One router per resource; :func:`unicron.services.api.app.create_app` mounts them."""

@@ -1,20 +1,19 @@
 """Calibration: what the planner has measured so far, in the form the simulator reads.
 
 ``GET /v1/calibration`` returns the snapshot the active planner stored at its last planning
-pass (:class:`shared.calibration.CalibrationRecord`): per transition kind the measured over
-modelled downtime, per job the observed over modelled step time, and the failure rate. Save
-it and pass it to ``unicron simulate --calibration FILE`` to price simulated transitions with
+pass (:class:`unicron.shared.contracts.calibration.CalibrationRecord`): per transition kind the
+measured over modelled downtime, per job the observed over modelled step time, and the failure rate.
+Save it and pass it to ``unicron simulate --calibration FILE`` to price simulated transitions with
 the same numbers. A user token sees only its tenant's jobs' slowdowns; an admin sees all.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
-
 from unicron.services.api.access import Principal, may_see
 from unicron.services.api.deps import StateDep
 from unicron.services.api.errors import errors
-from unicron.shared.calibration import CalibrationRecord
+from unicron.shared.contracts.calibration import CalibrationRecord
 
 router = APIRouter(prefix="/v1/calibration", tags=["calibration"])
 

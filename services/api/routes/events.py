@@ -16,13 +16,12 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, status
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
-
 from unicron.services.api.access import Caller, Principal, may_see
 from unicron.services.api.deps import BusDep, SettingsDep, StateDep
 from unicron.services.api.errors import errors
-from unicron.shared.bus import Bus
-from unicron.shared.events import CloudEvent
-from unicron.shared.state import StateStore
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.store.state import StateStore
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
 # In history mode stored events arrive back to back; a longer silence means the remaining

@@ -13,13 +13,12 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
-
 from unicron.services.api.access import AdminPrincipal
 from unicron.services.api.deps import BusDep, StateDep
 from unicron.services.api.errors import errors
+from unicron.shared.contracts.messages import FaultKind, FaultSpec, InjectFault
+from unicron.shared.contracts.models import Job, JobState, WorkerRecord, WorkerState, new_id
 from unicron.shared.logging import get_logger
-from unicron.shared.messages import FaultKind, FaultSpec, InjectFault
-from unicron.shared.models import Job, JobState, WorkerRecord, WorkerState, new_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["faults"])
 log = get_logger(component="api.faults")

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Response, status
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
-
 from unicron.services.api.deps import BusDep, MetricsDep, StateDep
 from unicron.shared.logging import get_logger
 

@@ -6,7 +6,7 @@ with the same deterministic id, so a request whose first attempt died between th
 is healed by a retry, while JetStream drops the copy when the first publish did get through.
 A job whose ``working_dir`` names a package (``pkg://<sha256>``) is refused (422, nothing
 created) unless that package was uploaded first (``POST /v1/packages``). The listing comes in
-pages (:mod:`services.api.paging`); a finished job drops out of it, and 404s, once its
+pages (:mod:`unicron.services.api.paging`); a finished job drops out of it, and 404s, once its
 retention (``UNICRON_JOB_RETENTION_S``) has passed.
 """
 
@@ -15,15 +15,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
-
 from unicron.services.api import paging
 from unicron.services.api.access import Caller, Principal, may_see
 from unicron.services.api.deps import BusDep, SettingsDep, StateDep
 from unicron.services.api.errors import errors
-from unicron.shared.events import JobStateChanged, JobSubmitted
+from unicron.shared.contracts.events import JobStateChanged, JobSubmitted
+from unicron.shared.contracts.models import HistoryEntry, Job, JobSpec, JobState, new_id
+from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.logging import get_logger
-from unicron.shared.models import HistoryEntry, Job, JobSpec, JobState, new_id
-from unicron.shared.roles import ServiceRole
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = get_logger(component="api.jobs")

@@ -17,15 +17,14 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
-
 from unicron.services.api.access import Principal, may_see
 from unicron.services.api.deps import BusDep, StateDep
 from unicron.services.api.errors import errors
-from unicron.shared.bus import Bus
+from unicron.shared.bus.bus import Bus
+from unicron.shared.contracts.logs import MAX_TAIL_LINES, LogsReply, LogsRequest, logs_subject
+from unicron.shared.contracts.models import Job
 from unicron.shared.logging import get_logger
-from unicron.shared.logs import MAX_TAIL_LINES, LogsReply, LogsRequest, logs_subject
-from unicron.shared.models import Job
-from unicron.shared.state import StateStore
+from unicron.shared.store.state import StateStore
 
 router = APIRouter(prefix="/v1/jobs", tags=["logs"])
 log = get_logger(component="api.logs")

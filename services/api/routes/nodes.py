@@ -7,10 +7,9 @@ jobs, so a user sees only its own tenant's (docs/design.md §6, Access).
 from __future__ import annotations
 
 from fastapi import APIRouter
-
 from unicron.services.api.access import Caller, Principal
 from unicron.services.api.deps import StateDep
-from unicron.shared.models import NodeRecord
+from unicron.shared.contracts.models import NodeRecord
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 

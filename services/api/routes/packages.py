@@ -3,8 +3,8 @@
 ``POST /v1/packages`` takes the archive as the raw body, with its sha256 in ``?sha256=``. The
 API refuses a body over ``MAX_PACKAGE_BYTES`` (413, read no further), one whose sha256 is not
 the one given (422) and one that is not a gzip stream (422), and stores the rest in the
-JetStream object store under the sha256 (:mod:`shared.packages`). Uploading the same bytes
-again is a no-op (200 instead of 201). A job then names it as ``working_dir: pkg://<sha256>``.
+JetStream object store under the sha256 (:mod:`unicron.shared.bus.packages`). Uploading the same
+bytes again is a no-op (200 instead of 201). A job then names it as ``working_dir: pkg://<sha256>``.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from pydantic import BaseModel
-
 from unicron.services.api.access import Principal
 from unicron.services.api.deps import BusDep
 from unicron.services.api.errors import errors
-from unicron.shared.jobspec import PACKAGE_SCHEME
+from unicron.shared.bus.packages import MAX_PACKAGE_BYTES
+from unicron.shared.contracts.jobspec import PACKAGE_SCHEME
 from unicron.shared.logging import get_logger
-from unicron.shared.packages import MAX_PACKAGE_BYTES
 
 router = APIRouter(prefix="/v1/packages", tags=["packages"])
 log = get_logger(component="api.packages")

@@ -2,9 +2,9 @@
 
 A plan lists, per job, the old and new allocation and parallel configuration, the predicted
 throughput, WAF and downtime, and the best alternatives that lost with their expected reward
-(see ``shared.plans.JobExplanation``). Plans are kept in Redis for a week. A user token sees
-only its tenant's jobs in a plan (the cluster-wide figures stay), and the plan's trigger names
-no other tenant's job; an admin sees every job.
+(see ``unicron.shared.contracts.plans.JobExplanation``). Plans are kept in Redis for a week. A user
+token sees only its tenant's jobs in a plan (the cluster-wide figures stay), and the plan's trigger
+names no other tenant's job; an admin sees every job.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from __future__ import annotations
 import re
 
 from fastapi import APIRouter, HTTPException, status
-
 from unicron.services.api.access import Caller, Principal, may_see
 from unicron.services.api.deps import StateDep
 from unicron.services.api.errors import errors
-from unicron.shared.plans import Plan
-from unicron.shared.state import StateStore
+from unicron.shared.contracts.plans import Plan
+from unicron.shared.store.state import StateStore
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 OTHERS_JOB = "(another tenant's job)"

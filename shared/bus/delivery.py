@@ -1,0 +1,161 @@
+"""One JetStream message through a consumer: parse, check its claims, handle, ack.
+
+What each outcome means: a message that does not parse, or whose claims the state contradicts,
+is dead-lettered and terminated at once; one whose handler fails is handed back a few times,
+then dead-lettered; while Redis or NATS is away the handler is retried in place, so the outage
+spends none of the message's deliveries. A message is acked only after its handler returned.
+
+Redelivery is soon for the first time and slower after: when a service is killed mid-message
+(or with messages delivered but not yet handled), its restarted consumer gets them back about a
+second later instead of after a long ack wait — a detector killed during a fault must not delay
+that fault's detection by half a minute. So that a live but busy consumer is not sent its own
+messages again, every message it holds — the one being handled and those queued behind it — is
+kept with ``in_progress`` until it is acked, and the server hands it at most
+``MAX_ACK_PENDING`` at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from pydantic import ValidationError
+from unicron.shared.logging import get_logger
+from unicron.shared.outage import Outage, is_outage
+
+T = TypeVar("T")
+log = get_logger(component="bus")
+
+MAX_DELIVER = 5
+# Seconds before each redelivery of an unacked message (the first doubles as the ack wait).
+REDELIVERY_S = (1.0, 5.0, 15.0, 30.0, 30.0)
+KEEP_ALIVE_S = REDELIVERY_S[0] / 3
+MAX_ACK_PENDING = 256
+# Holding a message through an outage stops here: it is handed back to the server then.
+OUTAGE_HOLD_S = 90.0
+# What a parser raises for a message it cannot take: that message is dead-lettered, not retried.
+PARSE_ERRORS = (ValidationError, ValueError, KeyError)
+
+
+class ClaimRefusedError(Exception):
+    """A well-formed message whose claims the state contradicts (a report about a worker its
+    node does not run, a drill the API never marked): dead-lettered at once, never retried,
+    because nothing on the bus is trusted just because it arrived (docs/design.md §6)."""
+
+
+Claim = Callable[[str, T], Awaitable[None]]
+DeadLetterSink = Callable[[str, bytes, str, int], Awaitable[None]]
+
+
+def consumer_config(durable: str, deliver_new: bool) -> ConsumerConfig:
+    policy = DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL
+    return ConsumerConfig(
+        name=durable,
+        ack_wait=REDELIVERY_S[0],
+        backoff=list(REDELIVERY_S),
+        max_deliver=MAX_DELIVER + 1,
+        max_ack_pending=MAX_ACK_PENDING,
+        deliver_policy=policy,
+    )
+
+
+@dataclass
+class Delivery(Generic[T]):
+    """Takes each message of one consumer to ``handler``, in order (see the module doc)."""
+
+    parse: Callable[[bytes], T]
+    handler: Callable[[T], Awaitable[None]]
+    claim: Claim[T] | None
+    dead_letter: DeadLetterSink
+    outage: Outage
+    refused: Callable[[], None]
+    _held: dict[int, Msg] = field(default_factory=dict)  # by id: received, not yet finished
+    _queue: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work()), asyncio.create_task(self._keep())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def receive(self, msg: Msg) -> None:
+        """The subscription's callback: returns at once, so every held message is ours to
+        keep alive."""
+        self._held[id(msg)] = msg
+        self._queue.put_nowait(msg)
+
+    async def _work(self) -> None:
+        while True:
+            msg = await self._queue.get()
+            try:
+                await self.on_message(msg)
+            except Exception:  # the connection went away mid-ack: the server redelivers
+                log.warning("message left unacked", subject=msg.subject, exc_info=True)
+            finally:
+                self._held.pop(id(msg), None)
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(KEEP_ALIVE_S)
+            for msg in list(self._held.values()):
+                with contextlib.suppress(Exception):  # NATS may be the one that is away
+                    await msg.in_progress()
+
+    async def on_message(self, msg: Msg) -> None:
+        deliveries = msg.metadata.num_delivered if msg.metadata else 1
+        try:
+            item = self.parse(msg.data)
+        except PARSE_ERRORS as exc:
+            await self._reject(msg, f"invalid message: {exc}", deliveries)
+            return
+        try:
+            await self._handle_through_outage(msg, item)
+        except ClaimRefusedError as exc:
+            self.refused()
+            await self._reject(msg, f"refused: {exc}", deliveries)
+            return
+        except Exception as exc:
+            await self._failed(msg, exc, deliveries)
+            return
+        self.outage.ok()
+        await msg.ack()
+
+    async def _reject(self, msg: Msg, reason: str, deliveries: int) -> None:
+        await self.dead_letter(msg.subject, msg.data, reason, deliveries)
+        await msg.term()
+
+    async def _failed(self, msg: Msg, exc: Exception, deliveries: int) -> None:
+        if is_outage(exc):  # still away: hand it back for later, without a traceback
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=self.outage.delay())
+        elif deliveries >= MAX_DELIVER:
+            await self._reject(msg, f"handler failed: {exc!r}", deliveries)
+        else:
+            log.exception("handler failed; will retry", subject=msg.subject)
+            await msg.nak(delay=0.5 * deliveries)
+
+    async def _handle_through_outage(self, msg: Msg, item: T) -> None:
+        """Run the claim check and the handler, retrying in place while Redis or NATS is away:
+        redeliveries would spend the message's few deliveries on an outage that is not its
+        fault, and holding it keeps its order too."""
+        deadline = time.monotonic() + OUTAGE_HOLD_S
+        while True:
+            try:
+                if self.claim is not None:
+                    await self.claim(msg.subject, item)
+                await self.handler(item)
+                return
+            except Exception as exc:
+                if not is_outage(exc) or time.monotonic() >= deadline:
+                    raise
+                self.outage.failed(exc)
+            await self.outage.pause()

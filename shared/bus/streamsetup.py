@@ -1,0 +1,85 @@
+"""Creating the JetStream streams and the packages' bucket, on as many servers as configured.
+
+``UNICRON_STREAM_REPLICAS`` says on how many servers each stream keeps its messages; 3 in a
+3-server cluster. When it is set, existing streams with another count are changed to it, with a
+warning (JetStream copies or drops the replicas online). When it is not, new streams get one
+replica and existing ones keep theirs: an operator's tool with a bare environment must not
+shrink a cluster's streams to one server. A count the cluster cannot give (more than its
+servers, or above 1 on a single server) is :class:`StreamReplicasError`, which names the
+setting to fix.
+"""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.api import ObjectStoreConfig, StreamConfig
+from nats.js.errors import APIError, BadRequestError, BucketNotFoundError
+from unicron.shared.bus.packages import PACKAGES_BUCKET
+from unicron.shared.bus.streams import REPORTS_MAX_AGE_S, REPORTS_STREAM, STREAMS
+from unicron.shared.logging import get_logger
+from unicron.shared.outage import BUS_ERRORS
+
+log = get_logger(component="bus")
+# JetStream's err_code for "replicas > 1 not supported in non-clustered mode", "insufficient
+# resources" and "no suitable peers for placement": fewer servers than replicas.
+REPLICA_REFUSALS = (10074, 10023, 10005)
+# What JetStream answers until its servers elected a leader (a 503 among them).
+NOT_READY = BUS_ERRORS
+
+
+class StreamReplicasError(RuntimeError):
+    """JetStream cannot keep the streams on as many servers as ``UNICRON_STREAM_REPLICAS``."""
+
+
+async def ensure_streams(js: JetStreamContext, replicas: int | None) -> None:
+    """Create the streams and the packages' bucket, or bring existing ones to ``replicas``
+    (a single server's streams, now in a cluster, are scaled up); None: one replica for a new
+    stream, an existing one keeps its count."""
+    try:
+        for name, subjects in STREAMS.items():
+            max_age = REPORTS_MAX_AGE_S if name == REPORTS_STREAM else None
+            config = StreamConfig(
+                name=name, subjects=subjects, max_age=max_age, num_replicas=replicas or 1
+            )
+            try:
+                await js.add_stream(config)
+            except BadRequestError as exc:  # it exists, with another configuration
+                if exc.err_code in REPLICA_REFUSALS:
+                    raise
+                config.num_replicas = await _replicas_for(js, name, replicas)
+                await js.update_stream(config)
+        await _ensure_bucket(js, replicas)
+    except APIError as exc:
+        if exc.err_code not in REPLICA_REFUSALS:
+            raise
+        raise StreamReplicasError(
+            f"JetStream cannot keep the streams on {replicas} servers ({exc.description}): "
+            "UNICRON_STREAM_REPLICAS must not exceed the NATS servers in the cluster "
+            "(1 for a single server)"
+        ) from exc
+
+
+async def _ensure_bucket(js: JetStreamContext, replicas: int | None) -> None:
+    try:
+        await js.object_store(PACKAGES_BUCKET)
+    except BucketNotFoundError:
+        config = ObjectStoreConfig(replicas=replicas or 1)
+        await js.create_object_store(PACKAGES_BUCKET, config=config)
+        return
+    stream = f"OBJ_{PACKAGES_BUCKET}"
+    current = (await js.stream_info(stream)).config
+    wanted = await _replicas_for(js, stream, replicas)
+    if (current.num_replicas or 1) != wanted:
+        current.num_replicas = wanted
+        await js.update_stream(current)
+
+
+async def _replicas_for(js: JetStreamContext, stream: str, replicas: int | None) -> int:
+    """The count an existing ``stream`` is to have: ``replicas``, or its own when None."""
+    old = (await js.stream_info(stream)).config.num_replicas or 1
+    if replicas is None:
+        return old
+    if old != replicas:
+        log.warning("stream moves to another replica count", stream=stream,
+                    replicas_before=old, replicas=replicas)  # fmt: skip
+    return replicas

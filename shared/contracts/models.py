@@ -1,0 +1,230 @@
+"""State records kept in Redis: jobs, their workers, nodes.
+
+Each record has exactly one pydantic model here (plans have theirs in
+:mod:`unicron.shared.contracts.plans`); services read and write them only through
+:mod:`unicron.shared.store.state`. Lifecycle states are ``str`` enums whose docstrings give the
+allowed transitions, so a reader of a record in Redis knows what may come next; a job's are a table
+in :mod:`unicron.shared.contracts.lifecycle` that :meth:`Job.set_state` enforces, with the service
+that owns each one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import Enum
+
+from pydantic import BaseModel, Field
+from unicron.shared.contracts.jobspec import JobSpec as JobSpec
+from unicron.shared.contracts.jobspec import ModelConfig as ModelConfig
+from unicron.shared.contracts.lifecycle import JobState as JobState
+from unicron.shared.contracts.lifecycle import refusal
+from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.transitions import PlanAction as PlanAction
+from unicron.shared.contracts.transitions import StateSource, TransitionMode
+from unicron.shared.logging import get_logger
+
+
+def now() -> float:
+    """Wall-clock UNIX seconds; every timestamp in a record or event uses this clock."""
+    return time.time()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class WorkerState(str, Enum):
+    """Lifecycle of one worker process (one rank of one generation).
+
+    LAUNCHING → RUNNING (process started) | FAILED
+    RUNNING → SUCCEEDED (exit 0) | FAILED (non-zero exit, signal) | STOPPED (stopped by a plan)
+    """
+
+    LAUNCHING = "LAUNCHING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class NodeState(str, Enum):
+    """Lifecycle of a node.
+
+    READY → LOST (heartbeats stopped) | QUARANTINED (repeated failures) | DRAINED (admin)
+    LOST → READY (heartbeats resume)
+    QUARANTINED → READY (cooldown over)
+    DRAINED → READY (admin)
+    """
+
+    READY = "READY"
+    LOST = "LOST"
+    QUARANTINED = "QUARANTINED"
+    DRAINED = "DRAINED"
+
+
+class WorkerRecord(BaseModel):
+    rank: int
+    node_id: str
+    pid: int | None = None
+    state: WorkerState = WorkerState.LAUNCHING
+    exit_code: int | None = None
+    from_generation: int | None = Field(
+        None, description="a survivor re-formed in place: the generation it came from"
+    )
+    from_rank: int | None = Field(None, description="a survivor's rank in ``from_generation``")
+    state_source_rank: int | None = Field(
+        None, description="the rank of this generation that broadcasts the training state"
+    )
+    regrouped_at: float | None = Field(None, description="when it reported WorkerRegrouped")
+    state_source: StateSource | None = Field(None, description="where its training state came from")
+    state_transfer_s: float | None = None
+    resumed_step: int | None = None
+
+    @property
+    def survivor(self) -> bool:
+        return self.from_generation is not None
+
+
+class HistoryEntry(BaseModel):
+    at: float = Field(default_factory=now)
+    state: JobState
+    reason: str
+
+
+class FailureRecord(BaseModel):
+    """The last failure that hit a job; a job needs a transition while ``generation`` is current."""
+
+    failure_id: str
+    generation: int
+    kind: FailureKind
+    category: FailureCategory
+    severity: Severity
+    action: RecoveryAction
+    rank: int | None = None
+    node_id: str | None = None
+    observed_at: float
+    detected_at: float | None = Field(None, description="when failure.detected was published")
+    step: int | None = Field(None, description="the job's last completed step when it failed")
+    exc_type: str | None = Field(None, description="the exception a worker reported or wrote")
+    message: str | None = Field(None, description="its text (the last lines of its chain)")
+    at: float | None = Field(None, description="when it was observed (as observed_at)")
+
+
+class Job(BaseModel):
+    """A job as kept in Redis and returned by ``GET /v1/jobs/{id}``."""
+
+    id: str
+    name: str
+    spec: JobSpec
+    tenant: str | None = Field(None, description="who submitted it, when API tokens are in use")
+    state: JobState = JobState.PENDING
+    step: int = 0
+    loss: float | None = None
+    generation: int = 0
+    world_size: int = 0
+    recoveries: int = 0
+    code_failures: int = Field(
+        0, description="failures in the job's own code (software_other), against max_restarts"
+    )
+    workers: list[WorkerRecord] = Field(default_factory=list)
+    history: list[HistoryEntry] = Field(default_factory=list)
+    last_failure: FailureRecord | None = None
+    plan_id: str | None = None
+    transition: PlanAction | None = Field(None, description="the transition under way, if any")
+    transition_kind: TransitionMode | None = Field(
+        None, description="in_place: survivors re-form, joiners get their state from a peer"
+    )
+    stepping: bool = Field(False, description="the current generation has completed a step")
+    transition_fallback: str | None = Field(
+        None, description="why the in-place transition was abandoned for a checkpoint restart"
+    )
+    submitted_at: float = Field(default_factory=now)
+    transition_started_at: float | None = None
+
+    def needs_recovery(self) -> bool:
+        """True while the last failure hit the generation that is running now."""
+        return (
+            not self.state.terminal
+            and self.last_failure is not None
+            and self.last_failure.generation == self.generation
+            and self.generation > 0
+        )
+
+    def set_state(self, state: JobState, reason: str, by: ServiceRole) -> bool:
+        """Move to ``state`` as the service ``by`` and record why, if
+        :mod:`unicron.shared.contracts.lifecycle` allows it. False when the state did not change:
+        the job was already there (a re-entry the table lists, such as a new failure while
+        RECOVERING; the caller records
+        it if it means a new attempt), or the move is refused (logged, the record unchanged)."""
+        return self._move(state, reason, by, source=self.state, at=None)
+
+    def replay_state(self, announced: JobState, state: JobState, reason: str, at: float) -> bool:
+        """Restore a move from ``announced`` to ``state`` that the event stream recorded (the
+        rebuild of :mod:`unicron.shared.store.replay`): it must be a row of the lifecycle table,
+        whoever made
+        it, but may start from a state whose announcement was lost. A finished job stays
+        finished. False when the state did not change."""
+        source = self.state if self.state.terminal else announced
+        return self._move(state, reason, None, source=source, at=at)
+
+    def _move(
+        self,
+        state: JobState,
+        reason: str,
+        by: ServiceRole | None,
+        source: JobState,
+        at: float | None,
+    ) -> bool:
+        why = refusal(source, state, by)
+        if why is not None:
+            get_logger(job_id=self.id).error(
+                "job state transition refused",
+                old=self.state.value,
+                new=state.value,
+                by=by.value if by is not None else "replay",
+                why=why,
+                reason=reason,
+            )
+            return False
+        if self.state == state:
+            return False
+        self.state = state
+        self.history.append(
+            HistoryEntry(at=now() if at is None else at, state=state, reason=reason)
+        )
+        return True
+
+
+class NodeWorker(BaseModel):
+    """One worker process a node's agent runs, as its last heartbeat saw it: the control plane
+    re-adopts it, or stops it, after Redis lost the job records (docs/design.md §6)."""
+
+    job_id: str
+    generation: int = Field(ge=0, description="the generation it runs now (after a regroup)")
+    rank: int = Field(ge=0)
+    pid: int
+
+
+class NodeRecord(BaseModel):
+    """A node as its agent registered it, and as ``GET /v1/nodes`` shows it."""
+
+    id: str
+    state: NodeState = NodeState.READY
+    slots: int = Field(ge=0)
+    used: int = 0
+    last_heartbeat: float = Field(default_factory=now)
+    host: str = "127.0.0.1"
+    store_port: int = 0
+    boot_id: str = ""
+    quarantined_until: float | None = None
+    spares_ready: int = Field(0, description="warm spare workers waiting on the node")
+    workers: list[NodeWorker] = Field(
+        default_factory=list, description="the worker processes its agent runs, by heartbeat"
+    )
+
+    def silent_s(self, at: float, heard_since: float = 0.0) -> float:
+        """Seconds without a heartbeat at ``at``, counted from ``heard_since`` at the earliest:
+        when the observer could first have heard one (see :mod:`unicron.shared.store.hearing`)."""
+        return at - max(self.last_heartbeat, heard_since)

@@ -1,0 +1,158 @@
+"""Reports: what workers tell their agent, and agents forward to the control plane.
+
+A worker sends these over its agent's local channel; the agent forwards each
+:data:`WorkerReport` as it is to ``unicron.reports.<node_id>.<kind>`` (stream
+``UNICRON_REPORTS``), except ``WorkerPhase``, which is for the agent alone, as is the worker's
+opening ``WorkerHello``. The other direction, commands to agents and directives to workers, is
+:mod:`unicron.shared.contracts.messages`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, model_validator
+from unicron.shared.contracts.identity import JobRank, WorkerIdentity
+from unicron.shared.contracts.messages import Message
+from unicron.shared.contracts.models import now
+from unicron.shared.contracts.taxonomy import FailureCategory
+from unicron.shared.contracts.transitions import StateSource
+
+REPORT_SUBJECT_PREFIX = "unicron.reports."
+
+
+class _WorkerMessage(WorkerIdentity, Message):
+    at: float = Field(default_factory=now)
+
+
+class WorkerStarted(_WorkerMessage):
+    kind: Literal["worker_started"] = "worker_started"
+    pid: int
+
+
+class WorkerExited(_WorkerMessage):
+    """A worker process ended; ``signal`` is set when a signal killed it."""
+
+    kind: Literal["worker_exited"] = "worker_exited"
+    pid: int
+    exit_code: int | None
+    signal: int | None = None
+    stopped_by_agent: bool = False
+
+
+class StepCompleted(_WorkerMessage):
+    """Per-step telemetry, sent by every rank after its optimizer step."""
+
+    kind: Literal["step_completed"] = "step_completed"
+    step: int
+    loss: float
+    iteration_s: float
+    compute_s: float | None = Field(
+        None, description="this rank's own compute in the step, without waiting for peers"
+    )
+    resumed_from: int | None = None
+
+
+class WorkerHello(JobRank, Message):
+    """Local channel only: a worker's first line, so its agent can direct it before its first
+    report. Not a report: never forwarded to the bus."""
+
+    kind: Literal["hello"] = "hello"
+
+
+class WorkerPhase(_WorkerMessage):
+    """Local channel only: the worker enters a phase of a step. Lets the agent tell a rank that
+    hangs in its own compute from the peers that wait for it in the collective."""
+
+    kind: Literal["worker_phase"] = "worker_phase"
+    phase: Literal["compute", "collective", "checkpoint"]
+    step: int
+
+
+class WorkerRegrouped(_WorkerMessage):
+    """A worker joined a new generation in place (or as a joiner) and is ready to step."""
+
+    kind: Literal["worker_regrouped"] = "worker_regrouped"
+    pid: int
+    world_size: int
+    regroup_s: float = Field(description="directive received → new process group formed")
+    state_transfer_s: float = 0.0
+    state_source: StateSource
+    resumed_step: int = Field(description="the step this worker will complete next")
+    reused_micro_batches: int = Field(0, description="micro-batches of the interrupted step kept")
+
+
+class WorkerHung(_WorkerMessage):
+    """No step completed for longer than the hang threshold (3 x the running mean)."""
+
+    kind: Literal["worker_hung"] = "worker_hung"
+    pid: int
+    silent_s: float
+    threshold_s: float
+    mean_iteration_s: float | None
+    process_state: str = Field(description="state letter from /proc: R, S, D, T (stopped) …")
+    phase: str | None = None
+    last_step: int | None = None
+
+
+class WorkerException(_WorkerMessage):
+    """An exception caught by the worker runtime, reported before the process dies; or, for a
+    plain script, read by its agent from the tail of the worker's log after it exited."""
+
+    kind: Literal["worker_exception"] = "worker_exception"
+    pid: int
+    exc_type: str
+    message: str
+    category: FailureCategory
+    step: int | None = None
+    launch_failed: bool = Field(
+        False, description="the agent could not execute the job's command: no restart can help"
+    )
+    parked: bool = Field(
+        False,
+        description="the rank lives on, parked with its memory until a regroup (a peer's "
+        "failure broke its collective); otherwise the process exits after this report",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_category(cls, data: Any) -> Any:
+        """A category this version does not know (a worker of another release) reads as
+        software_other, the original named in the message: the failure is still recovered
+        from, and counted against the job's own code, rather than dropped as a dead letter."""
+        category = data.get("category") if isinstance(data, dict) else None
+        if not isinstance(category, str) or category in FailureCategory._value2member_map_:
+            return data
+        message = data.get("message")
+        note = f"(reported as category {category!r}, unknown here: read as software_other)"
+        text = f"{message}\n{note}" if isinstance(message, str) else message
+        return {**data, "category": FailureCategory.SOFTWARE_OTHER.value, "message": text}
+
+
+AnyWorkerReport = (
+    WorkerStarted
+    | WorkerExited
+    | StepCompleted
+    | WorkerException
+    | WorkerPhase
+    | WorkerHung
+    | WorkerRegrouped
+)
+WorkerReport = Annotated[AnyWorkerReport, Field(discriminator="kind")]
+WORKER_REPORT = TypeAdapter(WorkerReport)
+
+
+def report_id(report: AnyWorkerReport) -> str:
+    """A stable id, so a report re-sent after a lost acknowledgement is dropped by NATS."""
+    base = f"{report.kind}:{report.job_id}:{report.generation}:{report.rank}"
+    if isinstance(report, StepCompleted | WorkerPhase):
+        return f"{base}:{report.step}"
+    if isinstance(report, WorkerRegrouped):
+        return f"{base}:{report.resumed_step}"
+    if isinstance(report, WorkerHung):
+        return f"{base}:{report.last_step}:{report.at:.3f}"
+    return f"{base}:{report.pid}"
+
+
+def report_subject(report: AnyWorkerReport) -> str:
+    return f"{REPORT_SUBJECT_PREFIX}{report.node_id}.{report.kind}"

@@ -1,0 +1,86 @@
+"""The store's public face: what a service needs of the state store.
+
+:class:`unicron.shared.store.state.StateStore` (Redis) is one; the in-memory twin of the tests
+(``tests/twins/memorystore.py``) is another. A service holds a :class:`JobStore`, never the
+Redis client underneath. A protocol: the two stores share no code.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from unicron.shared.contracts.models import Job, NodeRecord
+from unicron.shared.contracts.plans import Plan
+from unicron.shared.store.jobindex import JobPosition
+from unicron.shared.store.records import Mutation
+
+
+class JobStore(Protocol):
+    """Jobs, nodes, plans and guards, each record changed atomically
+    (:mod:`unicron.shared.store.state`)."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> bool: ...
+
+    async def once(self, key: str, ttl_s: int = 7 * 24 * 3600) -> bool: ...
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    async def create_job(
+        self, job: Job, idempotency_key: str | None = None
+    ) -> tuple[Job, bool]: ...
+
+    async def get_job(self, job_id: str) -> Job | None: ...
+
+    async def list_jobs(self) -> list[Job]: ...
+
+    async def update_job(self, job_id: str, mutate: Mutation[Job]) -> Job | None: ...
+
+    async def index_after(
+        self, position: JobPosition | None, offset: int, count: int
+    ) -> list[JobPosition]: ...
+
+    async def read_indexed(self, positions: list[JobPosition]) -> list[tuple[JobPosition, Job]]: ...
+
+    # --- nodes and drills ------------------------------------------------------------------
+
+    async def put_node(self, node: NodeRecord) -> None: ...
+
+    async def get_node(self, node_id: str) -> NodeRecord | None: ...
+
+    async def list_nodes(self) -> list[NodeRecord]: ...
+
+    async def update_node(
+        self, node_id: str, mutate: Mutation[NodeRecord]
+    ) -> NodeRecord | None: ...
+
+    async def record_node_failure(
+        self, node_id: str, failure_id: str, at: float, window_s: float
+    ) -> int: ...
+
+    async def mark_drill(self, job_id: str, generation: int, fault_id: str, ttl_s: int) -> None: ...
+
+    async def drill_of(self, job_id: str, generation: int) -> str | None: ...
+
+    # --- plans, and the marker and counters of a rebuild -----------------------------------
+
+    async def next_plan_seq(self) -> int: ...
+
+    async def save_plan(self, plan: Plan) -> None: ...
+
+    async def get_plan(self, plan_id: str) -> Plan | None: ...
+
+    async def latest_plan(self) -> Plan | None: ...
+
+    async def cluster_marker(self) -> str | None: ...
+
+    async def mark_cluster(self, incarnation: str) -> bool: ...
+
+    async def restore_job(self, job: Job) -> bool: ...
+
+    async def raise_counter(self, key: str, floor: int) -> int: ...
+
+    async def raise_plan_seq(self, floor: int) -> int: ...
+
+    async def current_epoch(self, lease: str) -> int: ...

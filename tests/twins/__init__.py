@@ -1,0 +1,1 @@
+"""The in-memory twins of the bus and the store, for unit tests only (never installed)."""
