@@ -11,7 +11,6 @@ no workers, "waiting since <time> (<how long>): <why>" (planning/waiting.py).
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Annotated
 
 import httpx
@@ -21,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 from unicron.cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
 from unicron.cli.common import ApiUrl, api, console
+from unicron.cli.render import clock
 from unicron.planning.waiting import scaled
 from unicron.shared.contracts.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
 
@@ -67,7 +67,7 @@ def layout(config: ParallelConfig | None, steps: bool = False) -> str:
 
 
 def header(plan: Plan) -> Text:
-    at = datetime.fromtimestamp(plan.created_at).strftime("%H:%M:%S")
+    at = clock(plan.created_at)
     top = f"plan {plan.id}  #{plan.seq}  epoch {plan.epoch}  {at}  trigger: {plan.trigger}"
     rate = plan.failure_rate_per_gpu_h
     parts = [
@@ -116,13 +116,6 @@ def _transition(why: JobExplanation) -> str:
     redo = why.predicted_lost_work_s
     lost = f", {seconds(redo)} of work redone" if redo else ""
     return f"{why.transition}{source}: downtime {seconds(why.predicted_downtime_s)}{model}{lost}"
-
-
-def clock(at: float) -> str:
-    """A time of day, with the date when it is not today."""
-    when = datetime.fromtimestamp(at)
-    today = when.date() == datetime.now().date()
-    return when.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S")
 
 
 def waiting(a: JobAllocation) -> str | None:

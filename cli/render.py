@@ -43,8 +43,12 @@ def state_text(state: JobState | NodeState) -> Text:
     return Text(state.value, style=STATE_STYLES.get(state, ""))
 
 
-def clock(at: float) -> str:
-    return datetime.fromtimestamp(at).strftime("%H:%M:%S")
+def clock(at: float, now: float | None = None) -> str:
+    """A time of day in the local zone, with the date when it is not the day of ``now``: a
+    job that waits since yesterday 23:00 must not read as waiting since a time still to come."""
+    when = datetime.fromtimestamp(at)
+    today = datetime.fromtimestamp(time.time() if now is None else now).date()
+    return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M:%S")
 
 
 def ago(at: float, now: float | None = None) -> str:

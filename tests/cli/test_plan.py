@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from datetime import datetime
 
 import pytest
 import typer
 from fastapi import FastAPI
 from typer.testing import CliRunner, Result
 from unicron.cli.plan import plan as plan_command
+from unicron.cli.render import clock
 from unicron.planning.api import Calibration
 from unicron.planning.fairness import PlanRules, TenantQuotas
 from unicron.planning.planning import plan_cluster, snapshot
@@ -164,8 +164,7 @@ async def test_explain_says_why_a_job_waits_and_since_when(api_url: str, state: 
     explained = await unicron("plan", "--explain", api_url=api_url)
     assert explained.exit_code == 0, explained.output
     out = " ".join(explained.stdout.split())  # rich wraps long lines
-    clock = datetime.fromtimestamp(since).strftime("%H:%M:%S")
-    assert f"waiting since {clock} (5.0 h): lower value than the jobs that run" in out
+    assert f"waiting since {clock(since)} (5.0 h): lower value than the jobs that run" in out
     assert "on 8 workers it would add" in out and "in job-1 (16→8 workers)" in out
     assert "the best plan that starts it is short by" in out
     assert "fairness waf" in out
