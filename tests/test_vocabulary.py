@@ -16,6 +16,7 @@ from unicron.planning.planning import plan_cluster, snapshot
 from unicron.planning.throughput import LinearThroughput
 from unicron.services.detector.signals import from_exception
 from unicron.services.executor.progress import ProgressTracker
+from unicron.shared.contracts.events import FailureDetected
 from unicron.shared.contracts.models import (
     FailureRecord,
     Job,
@@ -32,12 +33,18 @@ from unicron.shared.contracts.reports import (
     WorkerException,
     WorkerRegrouped,
 )
-from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.taxonomy import (
+    FailureCategory,
+    FailureKind,
+    RecoveryAction,
+    Severity,
+    severity_of,
+)
 from unicron.shared.contracts.transitions import (
+    CARRIED_BY_KIND,
     IN_PLACE_ACTIONS,
     LAUNCHES,
     QUIET,
-    TRANSITIONS,
     PlanAction,
     StateSource,
     TransitionKind,
@@ -54,8 +61,8 @@ IDS = {"node_id": "n1", "job_id": "job-a", "generation": 1, "rank": 0}
 
 
 def test_every_member_of_each_vocabulary_is_mapped() -> None:
-    rows = TRANSITIONS.values()
-    assert set(TRANSITIONS) == set(TransitionKind)
+    rows = CARRIED_BY_KIND.values()
+    assert set(CARRIED_BY_KIND) == set(TransitionKind)
     assert set().union(*(r.plan for r in rows)) == set(PlanAction)
     assert set().union(*(r.modes for r in rows)) == set(TransitionMode)
     answered = [action for r in rows for action in r.answers]
@@ -104,7 +111,7 @@ def test_the_design_documents_the_map() -> None:
             {m.value for m in row.modes},
             {a.value for a in row.answers},
         )
-        for kind, row in TRANSITIONS.items()
+        for kind, row in CARRIED_BY_KIND.items()
     }
 
 
@@ -213,6 +220,20 @@ def test_a_failure_record_lies_in_redis_as_the_strings_it_was() -> None:
     assert (record.category, record.action) == (FailureCategory.OOM, RecoveryAction.RESTART)
     again = json.loads(record.model_dump_json())
     assert {k: again[k] for k in stored} == stored
+
+
+def test_a_failure_is_as_severe_as_the_taxonomy_says_unless_the_detector_graded_it() -> None:
+    seen = {"failure_id": "f", "job_id": "job-a", "node_id": "n1", "rank": 0, "generation": 1,
+            "kind": FailureKind.EXCEPTION, "observed_at": NOW}  # fmt: skip
+    for category in FailureCategory:
+        failure = FailureDetected.of(category, **seen)
+        assert (failure.severity, failure.action) == severity_of(category)
+    escalated = (Severity.SEV2, RecoveryAction.RESTART)
+    failure = FailureDetected.of(FailureCategory.CONNECTION_RESET, graded=escalated, **seen)
+    assert (failure.category, failure.severity, failure.action) == (
+        FailureCategory.CONNECTION_RESET,
+        *escalated,
+    )
 
 
 def test_an_unknown_category_is_recovered_from_as_the_jobs_own_code() -> None:

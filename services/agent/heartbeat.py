@@ -18,6 +18,7 @@ from unicron.services.agent.spares import SparePool
 from unicron.services.agent.supervisor import Supervisor
 from unicron.shared.contracts.events import NodeJoined
 from unicron.shared.contracts.models import NodeRecord, NodeState, NodeWorker, now
+from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.logging import get_logger
 from unicron.shared.store.state import StateStore
 
@@ -73,9 +74,11 @@ class NodeRegistration:
             node.state == NodeState.QUARANTINED and (node.quarantined_until or 0.0) > now()
         )
         if keep:
-            fresh.state, fresh.quarantined_until = node.state, node.quarantined_until
+            fresh.quarantined_until = node.quarantined_until
             log.warning("node stays out of service", state=node.state.value)
-        for name in NodeRecord.model_fields:
+        else:
+            node.set_state(NodeState.READY, "a new boot registered", by=ServiceRole.AGENT)
+        for name in NodeRecord.model_fields.keys() - {"state"}:  # moved above, if at all
             setattr(node, name, getattr(fresh, name))
         return True
 

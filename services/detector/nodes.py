@@ -16,7 +16,9 @@ from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.signals import Candidate
 from unicron.shared.bus.api import EventBus
 from unicron.shared.contracts.events import NodeLost
+from unicron.shared.contracts.identity import WorkerKey
 from unicron.shared.contracts.models import NodeRecord, NodeState, WorkerState, now
+from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
@@ -77,7 +79,7 @@ class NodeMonitor:
             # Re-checked inside the transaction: a heartbeat may have arrived meanwhile.
             marked = node.state == NodeState.READY and self.hearing.silent_s(node, at) > timeout
             if marked:
-                node.state = NodeState.LOST
+                node.set_state(NodeState.LOST, "heartbeats stopped", by=ServiceRole.DETECTOR)
             return marked
 
         updated = await self.state.update_node(node_id, mark)
@@ -101,15 +103,15 @@ class NodeMonitor:
             hit = [w for w in job.workers if w.node_id == node.id and w.state in _LIVE_WORKER]
             if not hit:
                 continue
+            seat = WorkerKey(job.id, job.generation, min(w.rank for w in hit))
+            evidence = {"ranks": sorted(w.rank for w in hit), "boot_id": node.boot_id}
             await self.correlator.add(
-                Candidate(
-                    job_id=job.id,
-                    generation=job.generation,
-                    node_id=node.id,
-                    rank=min(w.rank for w in hit),
-                    kind=FailureKind.NODE_LOST,
-                    category=FailureCategory.NODE_DOWN,
-                    observed_at=node.last_heartbeat,
-                    evidence={"ranks": sorted(w.rank for w in hit), "boot_id": node.boot_id},
+                Candidate.of(
+                    node.id,
+                    seat,
+                    FailureKind.NODE_LOST,
+                    FailureCategory.NODE_DOWN,
+                    node.last_heartbeat,
+                    evidence,
                 )
             )

@@ -16,6 +16,7 @@ from unicron.services.detector.settings import DetectorSettings
 from unicron.shared.bus.api import EventBus
 from unicron.shared.contracts.events import FailureDetected, NodeStateChanged
 from unicron.shared.contracts.models import NodeRecord, NodeState, now
+from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.contracts.taxonomy import SEVERITY_TABLE, Severity
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
@@ -53,15 +54,15 @@ class NodeHealth:
 
     async def _quarantine(self, node_id: str, count: int) -> None:
         until = now() + self.settings.quarantine_cooldown_s
+        reason = f"{count} failures within {self.settings.quarantine_window_s:.0f}s"
 
         def mark(node: NodeRecord) -> bool:
             if node.state not in (NodeState.READY, NodeState.LOST):
                 return False
-            node.state = NodeState.QUARANTINED
+            node.set_state(NodeState.QUARANTINED, reason, by=ServiceRole.DETECTOR)
             node.quarantined_until = until
             return True
 
-        reason = f"{count} failures within {self.settings.quarantine_window_s:.0f}s"
         await self._change(node_id, mark, reason)
 
     async def review(self) -> None:
@@ -70,9 +71,11 @@ class NodeHealth:
             fresh = node.silent_s(at) <= self.settings.node_timeout_s
             expired = node.quarantined_until is not None and node.quarantined_until <= at
             if node.state == NodeState.QUARANTINED and expired:
-                await self._change(node.id, _release(fresh, at), "quarantine ended")
+                reason = "quarantine ended"
+                await self._change(node.id, _release(fresh, at, reason), reason)
             elif node.state == NodeState.LOST and fresh:
-                await self._change(node.id, _release(True, at), "heartbeats resumed")
+                reason = "heartbeats resumed"
+                await self._change(node.id, _release(True, at, reason), reason)
 
     async def _change(self, node_id: str, mutate: _Mutation, reason: str) -> None:
         before = await self.state.get_node(node_id)
@@ -93,11 +96,15 @@ class NodeHealth:
         )
 
 
-def _release(fresh: bool, at: float) -> _Mutation:
+def _release(fresh: bool, at: float, reason: str) -> _Mutation:
+    # Only an unexpired quarantine is re-checked on the record as read now, so this may write
+    # over a record that changed since the review listed it (rows the node table allows).
     def mutate(node: NodeRecord) -> bool:
         if node.state == NodeState.QUARANTINED and (node.quarantined_until or 0) > at:
             return False
-        node.state = NodeState.READY if fresh else NodeState.LOST
+        node.set_state(
+            NodeState.READY if fresh else NodeState.LOST, reason, by=ServiceRole.DETECTOR
+        )
         node.quarantined_until = None
         return True
 

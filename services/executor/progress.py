@@ -31,6 +31,7 @@ from unicron.shared.store.state import StateStore
 Report = AnyWorkerReport
 _TRANSITIONING = (JobState.STARTING, JobState.RECOVERING)
 _Change = Callable[[Job], bool]
+_EXECUTOR = ServiceRole.EXECUTOR
 TransitionFailed = Callable[[str, int, str], Awaitable[object]]
 
 
@@ -94,7 +95,7 @@ class ProgressTracker:
         if worker.state != WorkerState.LAUNCHING:
             return False
         worker.pid = report.pid
-        worker.state = WorkerState.RUNNING
+        worker.set_state(WorkerState.RUNNING, "its process started", by=_EXECUTOR, job_id=job.id)
         everyone = all(w.state == WorkerState.RUNNING for w in job.workers)
         # A job that reported a step speaks the training API: its first step ends the
         # transition (and says how long it took); only one that never did is RUNNING on start.
@@ -115,7 +116,9 @@ class ProgressTracker:
         worker.resumed_step = report.resumed_step
         worker.pid = report.pid
         if worker.state == WorkerState.LAUNCHING:
-            worker.state = WorkerState.RUNNING
+            worker.set_state(
+                WorkerState.RUNNING, "it re-formed in place", by=_EXECUTOR, job_id=job.id
+            )
         return True
 
     @staticmethod
@@ -123,7 +126,8 @@ class ProgressTracker:
         worker = job.workers[report.rank]
         worker.pid = report.pid
         worker.exit_code = report.exit_code if report.signal is None else -report.signal
-        worker.state = _worker_exit_state(report)
+        exit_state = _worker_exit_state(report)
+        worker.set_state(exit_state, _exit_text(report), by=_EXECUTOR, job_id=job.id)
         done = all(w.state == WorkerState.SUCCEEDED for w in job.workers)
         if done and not job.state.terminal:
             reason = f"all {len(job.workers)} workers finished"

@@ -45,6 +45,7 @@ from unicron.shared.contracts.events import JobStateChanged, PlanCreated, event_
 from unicron.shared.contracts.messages import StopWorkers
 from unicron.shared.contracts.models import Job, NodeRecord, NodeState, new_id, now
 from unicron.shared.contracts.reports import WORKER_REPORT, report_subject
+from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage, is_outage
 from unicron.shared.store.lease import PLANNER_LEASE, lease_keys
@@ -194,7 +195,8 @@ class Rebuilder:
             def again(node: NodeRecord, until: float = until) -> bool:
                 if until <= now() or node.state != NodeState.READY:
                     return False
-                node.state, node.quarantined_until = NodeState.QUARANTINED, until
+                node.set_state(NodeState.QUARANTINED, "restored", by=ServiceRole.EXECUTOR)
+                node.quarantined_until = until
                 return True
 
             node = await self.state.update_node(node_id, again)
@@ -217,18 +219,10 @@ class Rebuilder:
                 generation=job.generation,
                 workers=len(job.workers),
             )
-            if job.state != before:
-                reason = job.history[-1].reason if job.history else "rebuilt"
-                await self.bus.publish_event(
-                    JobStateChanged(
-                        job_id=job.id,
-                        old=before,
-                        new=job.state,
-                        reason=reason,
-                        step=job.step,
-                        generation=job.generation,
-                    )
-                )
+            # adopt moves a job only through set_state, so its reason is the history's last
+            event = JobStateChanged.between(before, job)
+            if event is not None:
+                await self.bus.publish_event(event)
         return restored
 
     async def _stop(self, stop: OrphanStop, incarnation: str) -> None:

@@ -3,9 +3,9 @@
 Each record has exactly one pydantic model here (plans have theirs in
 :mod:`unicron.shared.contracts.plans`); services read and write them only through
 :mod:`unicron.shared.store.state`. Lifecycle states are ``str`` enums whose docstrings give the
-allowed transitions, so a reader of a record in Redis knows what may come next; a job's are a table
-in :mod:`unicron.shared.contracts.lifecycle` that :meth:`Job.set_state` enforces, with the service
-that owns each one.
+allowed transitions, so a reader of a record in Redis knows what may come next; they are tables in
+:mod:`unicron.shared.contracts.lifecycle`, with the service that owns each move, and each record's
+``set_state`` is the only way its state changes, enforcing its table.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from enum import Enum
 from pydantic import BaseModel, Field
 from unicron.shared.contracts.jobspec import JobSpec as JobSpec
 from unicron.shared.contracts.jobspec import ModelConfig as ModelConfig
+from unicron.shared.contracts.lifecycle import JOBS, NODES, WORKERS
 from unicron.shared.contracts.lifecycle import JobState as JobState
-from unicron.shared.contracts.lifecycle import refusal
+from unicron.shared.contracts.lifecycle import NodeState as NodeState
+from unicron.shared.contracts.lifecycle import WorkerState as WorkerState
 from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
 from unicron.shared.contracts.transitions import PlanAction as PlanAction
@@ -35,33 +37,17 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-class WorkerState(str, Enum):
-    """Lifecycle of one worker process (one rank of one generation).
-
-    LAUNCHING → RUNNING (process started) | FAILED
-    RUNNING → SUCCEEDED (exit 0) | FAILED (non-zero exit, signal) | STOPPED (stopped by a plan)
-    """
-
-    LAUNCHING = "LAUNCHING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"
-
-
-class NodeState(str, Enum):
-    """Lifecycle of a node.
-
-    READY → LOST (heartbeats stopped) | QUARANTINED (repeated failures) | DRAINED (admin)
-    LOST → READY (heartbeats resume)
-    QUARANTINED → READY (cooldown over)
-    DRAINED → READY (admin)
-    """
-
-    READY = "READY"
-    LOST = "LOST"
-    QUARANTINED = "QUARANTINED"
-    DRAINED = "DRAINED"
+def _refused(
+    record: str, old: Enum, new: Enum, by: ServiceRole | None, why: str, reason: str, **ids: object
+) -> None:
+    get_logger(**ids).error(
+        f"{record} state transition refused",
+        old=old.value,
+        new=new.value,
+        by=by.value if by is not None else "replay",
+        why=why,
+        reason=reason,
+    )
 
 
 class WorkerRecord(BaseModel):
@@ -85,6 +71,22 @@ class WorkerRecord(BaseModel):
     @property
     def survivor(self) -> bool:
         return self.from_generation is not None
+
+    def set_state(self, state: WorkerState, reason: str, by: ServiceRole, job_id: str) -> bool:
+        """Move to ``state`` as the service ``by``, if the lifecycle's :data:`WORKER_MOVES
+        <unicron.shared.contracts.lifecycle.WORKER_MOVES>` allows it. False when the state did
+        not change: already there (a re-entry the table lists), or the move is refused (logged
+        with ``job_id``, the record unchanged). The record keeps no history: ``reason`` is
+        for the log."""
+        why = WORKERS.refusal(self.state, state, by)
+        if why is not None:
+            ids = {"job_id": job_id, "node_id": self.node_id, "rank": self.rank}
+            _refused("worker", self.state, state, by, why, reason, **ids)
+            return False
+        if self.state == state:
+            return False
+        self.state = state
+        return True
 
 
 class HistoryEntry(BaseModel):
@@ -177,16 +179,9 @@ class Job(BaseModel):
         source: JobState,
         at: float | None,
     ) -> bool:
-        why = refusal(source, state, by)
+        why = JOBS.refusal(source, state, by)
         if why is not None:
-            get_logger(job_id=self.id).error(
-                "job state transition refused",
-                old=self.state.value,
-                new=state.value,
-                by=by.value if by is not None else "replay",
-                why=why,
-                reason=reason,
-            )
+            _refused("job", self.state, state, by, why, reason, job_id=self.id)
             return False
         if self.state == state:
             return False
@@ -223,6 +218,21 @@ class NodeRecord(BaseModel):
     workers: list[NodeWorker] = Field(
         default_factory=list, description="the worker processes its agent runs, by heartbeat"
     )
+
+    def set_state(self, state: NodeState, reason: str, by: ServiceRole) -> bool:
+        """Move to ``state`` as the service ``by``, if the lifecycle's :data:`NODE_MOVES
+        <unicron.shared.contracts.lifecycle.NODE_MOVES>` allows it. False when the state did not
+        change: already there (a re-entry the table lists), or the move is refused (logged with
+        the node id, the record unchanged). The record keeps no history: ``reason`` is for the
+        log; the caller announces the change."""
+        why = NODES.refusal(self.state, state, by)
+        if why is not None:
+            _refused("node", self.state, state, by, why, reason, node_id=self.id)
+            return False
+        if self.state == state:
+            return False
+        self.state = state
+        return True
 
     def silent_s(self, at: float, heard_since: float = 0.0) -> float:
         """Seconds without a heartbeat at ``at``, counted from ``heard_since`` at the earliest:

@@ -4,8 +4,9 @@ A failure calls for a :class:`~unicron.shared.contracts.taxonomy.RecoveryAction`
 planner prices each worker count it could give a job as a :class:`TransitionKind` and names the
 job's :class:`PlanAction`; the executor carries a launch out in a :class:`TransitionMode`, in place
 or from the checkpoint; each new rank reports the :class:`StateSource` its state came from.
-:data:`TRANSITIONS` says which goes with which (the table of docs/design.md §5); code that needs
-one of these from another asks the helpers below rather than listing members of its own.
+:data:`CARRIED_BY_KIND` says which goes with which, for each kind of transition (the table of
+docs/design.md §5); code that needs one of these from another asks the helpers below rather than
+listing members of its own.
 
 Every value is the string that travels on the bus and lies in Redis.
 """
@@ -108,7 +109,7 @@ _EITHER = (_M.IN_PLACE, _M.CHECKPOINT)
 # A failure is answered with PlanAction.RESTART at whatever size the plan gives the job.
 _RESIZING = (_P.RESTART, _P.RESIZE)
 
-TRANSITIONS: Final[Mapping[TransitionKind, Carried]] = {
+CARRIED_BY_KIND: Final[Mapping[TransitionKind, Carried]] = {
     TransitionKind.NONE: _row((_P.KEEP, _P.WAIT), answers=(_R.REPORT,)),
     TransitionKind.START: _row((_P.START,), (_M.CHECKPOINT,)),
     TransitionKind.RESUME: _row((_P.START,), (_M.CHECKPOINT,)),
@@ -123,12 +124,12 @@ TRANSITIONS: Final[Mapping[TransitionKind, Carried]] = {
 
 def kinds_of(action: PlanAction) -> frozenset[TransitionKind]:
     """The kinds of transition a plan action may carry out."""
-    return frozenset(kind for kind, row in TRANSITIONS.items() if action in row.plan)
+    return frozenset(kind for kind, row in CARRIED_BY_KIND.items() if action in row.plan)
 
 
 def modes_of(action: PlanAction) -> frozenset[TransitionMode]:
     """How the executor may run a plan action's new generation (empty: it starts none)."""
-    return frozenset(mode for kind in kinds_of(action) for mode in TRANSITIONS[kind].modes)
+    return frozenset(mode for kind in kinds_of(action) for mode in CARRIED_BY_KIND[kind].modes)
 
 
 def answer_to(action: RecoveryAction) -> TransitionKind:
@@ -136,7 +137,7 @@ def answer_to(action: RecoveryAction) -> TransitionKind:
     return _ANSWERS[action]
 
 
-_ANSWERS: Final = {action: kind for kind, row in TRANSITIONS.items() for action in row.answers}
+_ANSWERS: Final = {action: kind for kind, row in CARRIED_BY_KIND.items() for action in row.answers}
 # Plan actions that start a new generation of the job's workers.
 LAUNCHES: Final = frozenset(action for action in PlanAction if modes_of(action))
 # Plan actions whose new generation may keep the survivors' processes.
