@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 from unicron.planning.spec import ModelShape
-from unicron.shared.contracts.models import JobState
+from unicron.shared.contracts.models import JobSpec, JobState
 from unicron.shared.contracts.taxonomy import RecoveryAction
 from unicron.shared.contracts.transitions import StateSource as StateSource
 from unicron.shared.contracts.transitions import TransitionKind as TransitionKind
@@ -30,6 +30,8 @@ FloatArray = npt.NDArray[np.float64]
 
 # Jobs an earlier plan placed: they hold (or are about to hold) workers.
 ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.RECOVERING})
+# A spec that gives nothing but a name: the defaults of a job's demand are JobSpec's own.
+DEFAULT_SPEC = JobSpec(name="default")
 
 
 @dataclass(frozen=True)
@@ -49,13 +51,28 @@ class JobDemand:
     current: int = 0
     hit: bool = False
     shape: ModelShape | None = None
-    global_batch: int = 16
-    micro_batch: int = 4
-    checkpoint_every: int = 20
+    global_batch: int = DEFAULT_SPEC.global_batch
+    micro_batch: int = DEFAULT_SPEC.micro_batch
+    checkpoint_every: int = DEFAULT_SPEC.checkpoint_every
     world_size: int = 0
     recovery: RecoveryAction | None = None
     resume: bool = False
     slowdown: float = 1.0
+
+    @classmethod
+    def of(cls, job_id: str, spec: JobSpec = DEFAULT_SPEC) -> JobDemand:
+        """The demand of a job submitted as ``spec``, before it holds or calibrated anything:
+        callers ``replace`` what running changes. The one JobSpec → demand mapping."""
+        return cls(
+            job_id=job_id,
+            weight=spec.weight,
+            min_workers=spec.min_workers,
+            max_workers=spec.max_workers,
+            shape=ModelShape.of(spec.model),
+            global_batch=spec.global_batch,
+            micro_batch=spec.micro_batch,
+            checkpoint_every=spec.checkpoint_every,
+        )
 
     @property
     def old_workers(self) -> int:

@@ -30,7 +30,6 @@ from unicron.planning.explain import explain
 from unicron.planning.fairness import PlanRules, waiting_since
 from unicron.planning.objective import all_terms
 from unicron.planning.placement import PlacementRequest, place
-from unicron.planning.spec import ModelShape
 from unicron.planning.waiting import Waits
 from unicron.shared.contracts.models import (
     FailureRecord,
@@ -117,18 +116,10 @@ def job_view(job: Job, usable: set[str], slowdown: float = 1.0) -> JobView:
     faulted = not pending and job.needs_recovery()
     # Losing a rank's node hits the job like a fault: every choice costs it a transition.
     lost_rank = job.state in ACTIVE_STATES and len(ranks) < job.world_size
-    spec = job.spec
-    demand = JobDemand(
-        job_id=job.id,
-        weight=spec.weight,
-        min_workers=spec.min_workers,
-        max_workers=spec.max_workers,
+    demand = replace(
+        JobDemand.of(job.id, job.spec),
         current=len(ranks),
         hit=faulted or lost_rank,
-        shape=ModelShape.of(spec.model),
-        global_batch=spec.global_batch,
-        micro_batch=spec.micro_batch,
-        checkpoint_every=spec.checkpoint_every,
         world_size=0 if pending else job.world_size,
         recovery=job.last_failure.action if faulted and job.last_failure else None,
         resume=pending and job.step > 0,

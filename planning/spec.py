@@ -100,7 +100,7 @@ class ClusterSpec:
 
 
 # The reference trainer's default model: what a job without a shape is assumed to train.
-DEFAULT_SHAPE = ModelShape(n_layer=4, n_head=4, d_model=128, seq_len=64, vocab=256)
+DEFAULT_SHAPE = ModelShape.of(ModelConfig())
 
 
 class Registry(Generic[T]):

@@ -11,10 +11,10 @@ with the global batch GPT-3 trained it with. Below 0.1 B it is the reference tra
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
-from unicron.planning.api import Curve, JobDemand, ThroughputModel
+from unicron.planning.api import DEFAULT_SPEC, Curve, JobDemand, ThroughputModel
 from unicron.planning.spec import DEFAULT_SHAPE, ModelShape
 from unicron.simulator.inputs import JobConfig
 
@@ -33,20 +33,23 @@ GPT3: tuple[tuple[float, ModelShape, int], ...] = (
 
 def shape_for(params_b: float) -> tuple[ModelShape, int, int]:
     """(shape, global batch, submitted micro-batch) of a job of ``params_b`` billion."""
-    if params_b < 0.1:
-        return DEFAULT_SHAPE, 16, 4
+    if params_b < 0.1:  # what a spec that names no model and no batch trains
+        return DEFAULT_SHAPE, DEFAULT_SPEC.global_batch, DEFAULT_SPEC.micro_batch
     _, shape, batch = min(GPT3, key=lambda row: abs(math.log(row[0] / params_b)))
     return shape, batch, 1
 
 
 def demand_of(job: JobConfig, iteration_s: float = math.nan) -> JobDemand:
-    """The job's demand while waiting; callers ``replace`` what running changes."""
+    """The job's demand while waiting; callers ``replace`` what running changes. It is the
+    demand of the default spec with the job's size, weight and bounds: checkpoints every
+    ``checkpoint_interval_s`` once its step time is known, as often as the spec's before."""
     shape, batch, micro = shape_for(job.params_b)
-    every = 20
+    demand = JobDemand.of(job.name)
+    every = demand.checkpoint_every
     if math.isfinite(iteration_s) and iteration_s > 0:
         every = max(1, round(job.checkpoint_interval_s / iteration_s))
-    return JobDemand(
-        job_id=job.name,
+    return replace(
+        demand,
         weight=job.weight,
         min_workers=job.min_gpus,
         max_workers=job.max_gpus,

@@ -29,7 +29,13 @@ from unicron.shared.contracts.models import (
     WorkerState,
 )
 from unicron.shared.contracts.reports import WorkerExited, WorkerStarted
-from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.taxonomy import (
+    FailureCategory,
+    FailureKind,
+    RecoveryAction,
+    Severity,
+    severity_of,
+)
 from unicron.shared.store.replay import replay
 
 P, R, S = JobState.PENDING, JobState.RUNNING, JobState.STARTING
@@ -154,10 +160,21 @@ def test_running_workers_are_re_adopted_and_the_job_goes_on() -> None:
 
 
 def test_a_rank_gone_without_a_trace_is_recovered_from() -> None:
-    job = adopt(running_job(), [node("n0", ("a", 3, 0)), node("n1")], {}, at=101.0)
+    before = running_job()
+    job = adopt(before.model_copy(deep=True), [node("n0", ("a", 3, 0)), node("n1")], {}, at=101.0)
     assert job.state == JobState.RECOVERING and job.needs_recovery()
-    assert job.last_failure is not None and job.last_failure.rank == 1
+    failure = job.last_failure
+    assert failure is not None and failure.rank == 1
     assert job.workers[1].state == WorkerState.FAILED
+    # as severe, and answered, as the taxonomy says of its category: what the planner acts on
+    assert failure.category == FailureCategory.EXITED_ABNORMALLY
+    assert (failure.severity, failure.action) == severity_of(failure.category)
+    assert (failure.severity, failure.action) == (Severity.SEV2, RecoveryAction.RESTART)
+    # the rebuild announces the move with the reason the job's history gives
+    reason = "rebuild: rank(s) 1 of generation 3 lost"
+    assert JobStateChanged.between(before.state, job) == JobStateChanged(
+        job_id="a", old=R, new=JobState.RECOVERING, reason=reason, step=31, generation=3
+    )
 
 
 def test_ranks_that_all_exited_zero_mean_success_and_later_facts_win() -> None:

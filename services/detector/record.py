@@ -109,16 +109,15 @@ class FailureRecorder:
         advisory = action == RecoveryAction.REPORT
         if not advisory and _already_recorded(job, cause.generation):
             return None
-        failure = FailureDetected(
+        failure = FailureDetected.of(
+            cause.category,
+            graded=(severity, action),
             failure_id=_failure_id(cause, advisory),
             job_id=cause.job_id,
             node_id=cause.node_id,
             rank=cause.rank,
             generation=cause.generation,
             kind=cause.kind,
-            category=cause.category,
-            severity=severity,
-            action=action,
             observed_at=cause.observed_at,
             evidence={**cause.evidence, **escalation},
             exc_type=cause.evidence.get("exc_type"),

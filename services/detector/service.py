@@ -20,6 +20,7 @@ from unicron.services.detector.stragglers import StragglerWatch
 from unicron.shared.bus.api import EventBus
 from unicron.shared.bus.streams import reports_of_kind
 from unicron.shared.claims import ReportClaims
+from unicron.shared.contracts.identity import WorkerKey
 from unicron.shared.contracts.models import JobState, WorkerState, now
 from unicron.shared.contracts.reports import (
     WORKER_REPORT,
@@ -81,13 +82,11 @@ class Detector:
             if failed is None:
                 continue
             await self.correlator.add(
-                Candidate(
-                    job_id=job.id,
-                    generation=job.generation,
-                    node_id=failed.node_id,
-                    rank=failed.rank,
-                    kind=FailureKind.EXIT,
-                    category=FailureCategory.EXITED_ABNORMALLY,
+                Candidate.of(
+                    failed.node_id,
+                    WorkerKey(job.id, job.generation, failed.rank),
+                    FailureKind.EXIT,
+                    FailureCategory.EXITED_ABNORMALLY,
                     observed_at=job.history[-1].at if job.history else job.submitted_at,
                     evidence={"exit_code": failed.exit_code, "found_by": "reconcile"},
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from unicron.shared.contracts.identity import WorkerKey
 from unicron.shared.contracts.reports import WorkerException, WorkerExited, WorkerHung
 from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 
@@ -47,6 +48,28 @@ class Candidate:
     observed_at: float
     evidence: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(
+        cls,
+        node_id: str,
+        seat: WorkerKey,
+        kind: FailureKind,
+        category: FailureCategory,
+        observed_at: float,
+        evidence: dict[str, Any],
+    ) -> Candidate:
+        """A candidate blaming the rank at ``seat`` (job, generation, rank) on ``node_id``."""
+        return cls(
+            job_id=seat.job_id,
+            generation=seat.generation,
+            node_id=node_id,
+            rank=seat.rank,
+            kind=kind,
+            category=category,
+            observed_at=observed_at,
+            evidence=evidence,
+        )
+
     @property
     def secondary(self) -> bool:
         """Likely an effect of another rank's fault rather than a cause."""
@@ -80,44 +103,29 @@ class Candidate:
         return (tier, _KIND_RANK[self.kind], -self.observed_at)
 
 
-def _about(
-    report: WorkerExited | WorkerException | WorkerHung,
-    kind: FailureKind,
-    category: FailureCategory,
-    evidence: dict[str, Any],
-) -> Candidate:
-    """A candidate blaming the worker that sent ``report``, when the report says."""
-    return Candidate(
-        job_id=report.job_id,
-        generation=report.generation,
-        node_id=report.node_id,
-        rank=report.rank,
-        kind=kind,
-        category=category,
-        observed_at=report.at,
-        evidence=evidence,
-    )
-
-
 def from_exit(report: WorkerExited) -> Candidate | None:
     """A non-zero exit the agent did not cause; None for clean or agent-requested exits."""
     if report.stopped_by_agent or report.exit_code == 0:
         return None
     crashed = report.signal is not None
-    return _about(
-        report,
+    return Candidate.of(
+        report.node_id,
+        report.key,
         FailureKind.CRASH if crashed else FailureKind.EXIT,
         FailureCategory.EXITED_ABNORMALLY,
+        report.at,
         {"pid": report.pid, "exit_code": report.exit_code, "signal": report.signal},
     )
 
 
 def from_exception(report: WorkerException) -> Candidate:
     # an unknown category already reads as software_other (shared/contracts/reports.py)
-    return _about(
-        report,
+    return Candidate.of(
+        report.node_id,
+        report.key,
         FailureKind.EXCEPTION,
         report.category,
+        report.at,
         {
             "pid": report.pid,
             "exc_type": report.exc_type,
@@ -130,10 +138,12 @@ def from_exception(report: WorkerException) -> Candidate:
 
 
 def from_hang(report: WorkerHung) -> Candidate:
-    return _about(
-        report,
+    return Candidate.of(
+        report.node_id,
+        report.key,
         FailureKind.HANG,
         FailureCategory.TASK_HANG,
+        report.at,
         {
             "pid": report.pid,
             "silent_s": round(report.silent_s, 3),

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
+from unicron.shared.contracts.identity import WorkerKey
 from unicron.shared.contracts.reports import StepCompleted
 from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 
@@ -77,13 +78,11 @@ class StragglerWatch:
     @staticmethod
     def _candidate(report: StepCompleted, window: _JobWindow, rank: int) -> Candidate:
         medians = {str(r): round(statistics.median(q), 4) for r, q in window.compute.items()}
-        return Candidate(
-            job_id=report.job_id,
-            generation=report.generation,
-            node_id=window.node_of[rank],
-            rank=rank,
-            kind=FailureKind.STRAGGLER,
-            category=FailureCategory.STRAGGLER,
-            observed_at=report.at,
-            evidence={"step": report.step, "median_compute_s": medians},
+        return Candidate.of(
+            window.node_of[rank],
+            WorkerKey(report.job_id, report.generation, rank),
+            FailureKind.STRAGGLER,
+            FailureCategory.STRAGGLER,
+            report.at,
+            {"step": report.step, "median_compute_s": medians},
         )

@@ -30,7 +30,7 @@ from unicron.shared.contracts.reports import (
     WorkerStarted,
 )
 from unicron.shared.contracts.roles import ServiceRole
-from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 
 Seat = tuple[str, int, int]  # (job id, generation, rank)
 _ACTIVE = (JobState.STARTING, JobState.RUNNING, JobState.RECOVERING)
@@ -110,16 +110,14 @@ def _lost(job: Job, lost: list[WorkerRecord], at: float) -> None:
     first = lost[0]
     ranks = ", ".join(str(w.rank) for w in lost)
     why = f"rank(s) {ranks} found neither running nor finished when the records were rebuilt"
-    job.last_failure = FailureDetected(
+    job.last_failure = FailureDetected.of(
+        FailureCategory.EXITED_ABNORMALLY,
         failure_id=f"{job.id}:{job.generation}",
         job_id=job.id,
         node_id=first.node_id or None,
         rank=first.rank,
         generation=job.generation,
         kind=FailureKind.EXIT,
-        category=FailureCategory.EXITED_ABNORMALLY,
-        severity=Severity.SEV2,
-        action=RecoveryAction.RESTART,
         observed_at=at,
         message=why,
     ).record(job.step)

@@ -6,6 +6,8 @@ crash or a redelivered plan is dropped by NATS, and agents treat it as a no-op a
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.messages import (
     RegroupDirective,
@@ -14,7 +16,7 @@ from unicron.shared.contracts.messages import (
     StartWorker,
     StopWorkers,
 )
-from unicron.shared.contracts.models import Job, NodeRecord, NodeState
+from unicron.shared.contracts.models import Job, NodeRecord, NodeState, WorkerRecord
 
 
 class MissingNodeError(RuntimeError):
@@ -45,6 +47,30 @@ def placement(job: Job) -> dict[int, tuple[int, int, int]]:
     }
 
 
+class _Seat(TypedDict):
+    """The fields of :class:`GroupSeat`, the base of both a start and a regroup: typed, so
+    mypy checks what is unpacked into either."""
+
+    job_id: str
+    generation: int
+    rank: int
+    world_size: int
+    rendezvous: Rendezvous
+    state_source_rank: int | None
+
+
+def _seat(job: Job, worker: WorkerRecord, rendezvous: Rendezvous) -> _Seat:
+    """``worker``'s seat in the job's current generation, to unpack into either message."""
+    return _Seat(
+        job_id=job.id,
+        generation=job.generation,
+        rank=worker.rank,
+        world_size=job.world_size,
+        rendezvous=rendezvous,
+        state_source_rank=worker.state_source_rank,
+    )
+
+
 def start_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, StartWorker]]:
     """A start for every rank that needs a new process (survivors re-form in place). It names
     the job and the seat only: the agent reads what to run from the job record."""
@@ -54,13 +80,8 @@ def start_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, St
         (
             worker.node_id,
             StartWorker(
+                **_seat(job, worker, rendezvous),
                 command_id=f"start:{job.id}:{job.generation}:{worker.rank}",
-                job_id=job.id,
-                generation=job.generation,
-                rank=worker.rank,
-                world_size=job.world_size,
-                rendezvous=rendezvous,
-                state_source_rank=worker.state_source_rank,
                 local_rank=seats[worker.rank][0],
                 local_world_size=seats[worker.rank][1],
                 group_rank=seats[worker.rank][2],
@@ -86,15 +107,7 @@ def regroup_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, 
     for worker in job.workers:
         if worker.from_generation is None or worker.from_rank is None:
             continue
-        directive = RegroupDirective(
-            job_id=job.id,
-            generation=job.generation,
-            rank=worker.rank,
-            world_size=job.world_size,
-            rendezvous=rendezvous,
-            state_source_rank=worker.state_source_rank,
-            lost_hosts=lost,
-        )
+        directive = RegroupDirective(**_seat(job, worker, rendezvous), lost_hosts=lost)
         command = RegroupWorker(
             command_id=f"regroup:{job.id}:{job.generation}:{worker.from_rank}",
             job_id=job.id,

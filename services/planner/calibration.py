@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from unicron.planning.api import Calibration, TransitionKind
 from unicron.planning.calibration import record_of
 from unicron.shared.contracts.models import now
-from unicron.shared.store.calibstore import JOBS, TRANSITIONS, CalibrationTables
+from unicron.shared.store.calibstore import JOB_TABLE, TRANSITION_TABLE, CalibrationTables
 
 CLAMP = (0.05, 20.0)  # a factor outside this is a broken measurement, not a slow cluster
 
@@ -57,21 +57,21 @@ class CalibrationStore:
 
     async def job_steps(self, job_id: str, ratio: float, samples: int, at: float) -> float:
         """Fold ``samples`` steps whose mean observed/modelled time is ``ratio``; new slowdown."""
-        record = await self.tables.record(JOBS, job_id)
+        record = await self.tables.record(JOB_TABLE, job_id)
         weight = 1 - (1 - self.alpha) ** samples  # as if folded in one at a time
         slowdown = clamp(ewma(record.get("slowdown"), ratio, weight))
         count = int(record.get("samples", 0)) + samples
         await self.tables.put_record(
-            JOBS, job_id, {"slowdown": slowdown, "samples": count, "at": at}
+            JOB_TABLE, job_id, {"slowdown": slowdown, "samples": count, "at": at}
         )
         return slowdown
 
     async def forget_job(self, job_id: str) -> None:
-        await self.tables.drop_record(JOBS, job_id)
+        await self.tables.drop_record(JOB_TABLE, job_id)
 
     async def transition(self, kind: TransitionKind, observed_s: float, modelled_s: float) -> float:
         """Fold one measured transition of ``kind``; the new factor."""
-        record = await self.tables.record(TRANSITIONS, kind.value)
+        record = await self.tables.record(TRANSITION_TABLE, kind.value)
         factor = clamp(ewma(record.get("factor"), observed_s / modelled_s, self.alpha))
         update = {
             "factor": factor,
@@ -79,7 +79,7 @@ class CalibrationStore:
             "last_observed_s": observed_s,
             "last_modelled_s": modelled_s,
         }
-        await self.tables.put_record(TRANSITIONS, kind.value, update)
+        await self.tables.put_record(TRANSITION_TABLE, kind.value, update)
         return factor
 
     async def _failures(self, at: float, failures: float, gpu_h: float) -> None:
@@ -119,8 +119,8 @@ class CalibrationStore:
 
     async def _read(self) -> tuple[Calibration, dict[str, int]]:
         """The calibration, and how many measured transitions each kind's factor folds in."""
-        jobs = await self.tables.records(JOBS)
-        kinds = await self.tables.records(TRANSITIONS)
+        jobs = await self.tables.records(JOB_TABLE)
+        kinds = await self.tables.records(TRANSITION_TABLE)
         samples = {k: int(v.get("samples", 0)) for k, v in kinds.items()}
         slowdown = sorted((j, two_digits(v["slowdown"])) for j, v in jobs.items())
         factors = sorted(

@@ -14,11 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from unicron.planning.api import JobDemand, TransitionKind
-from unicron.planning.spec import ModelShape
 from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore
 from unicron.shared.contracts.events import FailureDetected, TransitionCompleted
-from unicron.shared.contracts.models import Job, now
+from unicron.shared.contracts.models import now
 from unicron.shared.contracts.reports import StepCompleted
 from unicron.shared.logging import get_logger
 from unicron.shared.store.state import StateStore
@@ -32,20 +31,6 @@ class _Steps:
     generation: int
     seconds: float = 0.0
     count: int = 0
-
-
-def demand_of(job: Job) -> JobDemand:
-    """What the throughput model needs of a job to predict its step time."""
-    spec = job.spec
-    return JobDemand(
-        job_id=job.id,
-        weight=spec.weight,
-        min_workers=spec.min_workers,
-        max_workers=spec.max_workers,
-        shape=ModelShape.of(spec.model),
-        global_batch=spec.global_batch,
-        micro_batch=spec.micro_batch,
-    )
 
 
 class Feedback:
@@ -79,7 +64,9 @@ class Feedback:
             if job is None or job.generation != steps.generation or job.world_size < 1:
                 continue
             assert self.model is not None
-            modelled = self.model.modelled_iteration_s(demand_of(job), job.world_size)
+            modelled = self.model.modelled_iteration_s(
+                JobDemand.of(job.id, job.spec), job.world_size
+            )
             if not 0 < modelled < float("inf"):
                 continue
             ratio = steps.seconds / steps.count / modelled

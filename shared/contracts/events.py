@@ -21,7 +21,13 @@ from unicron.shared.contracts.models import (
     new_id,
     now,
 )
-from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.taxonomy import (
+    FailureCategory,
+    FailureKind,
+    RecoveryAction,
+    Severity,
+    severity_of,
+)
 from unicron.shared.contracts.transitions import StateSource, TransitionMode
 
 EVENT_SUBJECT_PREFIX = "unicron.events."
@@ -67,15 +73,22 @@ class JobStateChanged(EventData):
         return f"{self.TYPE}:{self.job_id}:{self.generation}:{self.old.value}:{self.new.value}"
 
     @classmethod
-    def between(cls, old: Job, new: Job) -> JobStateChanged | None:
-        """The event for a change of ``old`` into ``new``; None when the state is the same."""
-        if old.state == new.state:
+    def between(
+        cls, old: Job | JobState, new: Job, reason: str | None = None
+    ) -> JobStateChanged | None:
+        """The event for a change of ``old`` (the job before, or the state it was in) into
+        ``new``; None when the state is the same. The reason is ``new``'s last move's unless
+        given (a repeated cancel names the cancel, whatever the history ends with)."""
+        before = old.state if isinstance(old, Job) else old
+        if before == new.state:
             return None
+        if reason is None:
+            reason = new.history[-1].reason if new.history else ""
         return cls(
             job_id=new.id,
-            old=old.state,
+            old=before,
             new=new.state,
-            reason=new.history[-1].reason if new.history else "",
+            reason=reason,
             step=new.step,
             generation=new.generation,
         )
@@ -100,6 +113,19 @@ class FailureDetected(EventData):
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.failure_id}"
+
+    @classmethod
+    def of(
+        cls,
+        category: FailureCategory,
+        *,
+        graded: tuple[Severity, RecoveryAction] | None = None,
+        **fields: Any,
+    ) -> FailureDetected:
+        """A failure of ``category``, as severe and answered as the taxonomy says unless the
+        detector ``graded`` it otherwise (escalated, or no rank left to reattempt)."""
+        severity, action = graded or severity_of(category)
+        return cls(category=category, severity=severity, action=action, **fields)
 
     def record(self, step: int | None) -> FailureRecord:
         """The job's ``last_failure`` for this failure, hit at the job's ``step``."""

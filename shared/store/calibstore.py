@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from unicron.shared.contracts.calibration import CALIBRATION_KEY, CalibrationRecord
 
 CALIBRATION_PREFIX = "unicron:planner:calib:"
-JOBS, TRANSITIONS = "jobs", "transitions"
+JOB_TABLE, TRANSITION_TABLE = "jobs", "transitions"
 
 
 class CalibrationTables:
@@ -26,7 +26,8 @@ class CalibrationTables:
         self.prefix = prefix
 
     async def record(self, table: str, name: str) -> dict[str, Any]:
-        """The record ``name`` of ``table`` (:data:`JOBS` or :data:`TRANSITIONS`); {} if none."""
+        """The record ``name`` of ``table`` (:data:`JOB_TABLE` or :data:`TRANSITION_TABLE`); {}
+        if none."""
         raw = await self._redis.hget(self.prefix + table, name)
         return dict(json.loads(raw)) if raw else {}
 

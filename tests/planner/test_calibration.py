@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from unicron.planning.api import TransitionKind
+from unicron.planning.api import JobDemand, TransitionKind
 from unicron.planning.clusters import CPU
 from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore, FailurePrior
-from unicron.services.planner.feedback import Feedback, demand_of
+from unicron.services.planner.feedback import Feedback
 from unicron.shared.contracts.events import FailureDetected, TransitionCompleted
 from unicron.shared.contracts.models import Job, JobSpec, JobState, PlanAction, now
 from unicron.shared.contracts.plans import JobAllocation, JobExplanation, Plan
@@ -43,7 +43,7 @@ def step(
 
 async def test_step_reports_calibrate_the_job_and_survive_a_restart(state: StateStore) -> None:
     job = await running_job(state)
-    modelled = MODEL.modelled_iteration_s(demand_of(job), 2)
+    modelled = MODEL.modelled_iteration_s(JobDemand.of(job.id, job.spec), 2)
     feedback = Feedback(state, store(state), MODEL)
     await feedback.on_report(step(job, 11, 100.0, resumed=10))  # warm-up after a restore
     await feedback.on_report(step(job.model_copy(update={"generation": 3}), 1, 100.0))  # first

@@ -194,15 +194,10 @@ async def cancel_job(job_id: str, bus: BusDep, state: StateDep, caller: Principa
             f"job {job_id} already ended as {job.state.value}; it cannot be cancelled",
         )
     old = before[0] if before[0] != JobState.CANCELLED else _state_before_cancel(job)
-    event = JobStateChanged(
-        job_id=job.id,
-        old=old,
-        new=JobState.CANCELLED,
-        reason=CANCEL_REASON,
-        step=job.step,
-        generation=job.generation,
-    )
-    await _announce(bus, event, job.id)
+    # old is never CANCELLED (see _state_before_cancel), so there is always a change to announce
+    event = JobStateChanged.between(old, job, reason=CANCEL_REASON)
+    if event is not None:
+        await _announce(bus, event, job.id)
     log.info("job cancelled", job_id=job.id, old=old.value, replayed=before[0] == job.state)
     return job
 
