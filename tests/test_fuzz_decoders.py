@@ -195,7 +195,7 @@ DIRECTIVES: list[BaseModel] = [
     FAULT,
     FaultDirective(fault=FaultSpec(rank=0, kind=FaultKind.SLOW, slowdown=3.0, at_step=5)),
     REGROUP,
-    SpareLaunch(launch=LAUNCH),
+    SpareLaunch(launch=LAUNCH, script=ScriptLaunch(argv=["python", "-m", "pkg.trainer"], env={})),
     SpareLaunch(launch=LAUNCH, script=ScriptLaunch(argv=["python", "x.py"], env={}, cwd="/w")),
 ]
 
@@ -676,8 +676,8 @@ def test_a_spare_takes_a_launch_ignores_noise_and_refuses_a_bad_launch(line: byt
         assert str(exc).startswith("not a valid SpareLaunch")
     else:
         assert launch is None or isinstance(launch, SpareLaunch)
-    valid = SpareLaunch(launch=LAUNCH).model_dump_json().encode() + b"\n"
-    assert _launch_of(valid) == SpareLaunch(launch=LAUNCH)
+    spare_launch = DIRECTIVES[-1]
+    assert _launch_of(spare_launch.model_dump_json().encode() + b"\n") == spare_launch
 
 
 @fuzz(READ_LAUNCH)

@@ -60,7 +60,7 @@ def test_a_bad_launch_is_refused_naming_the_variable(raw: str, says: str) -> Non
 @pytest.mark.parametrize(
     "directive",
     [
-        SpareLaunch(launch=LAUNCH),
+        SpareLaunch(launch=LAUNCH, script=ScriptLaunch(argv=["python", "-m", "pkg.t"], env={})),
         SpareLaunch(launch=LAUNCH, script=ScriptLaunch(argv=["python", "t.py"], env={"A": "1"})),
         RegroupDirective(**SEAT, rendezvous=RENDEZVOUS, state_source_rank=0),
         FaultDirective(fault=FaultSpec(rank=1, kind=FaultKind.EXIT, exit_code=3, at_step=9)),
@@ -82,6 +82,8 @@ def test_every_directive_reads_back_as_itself(
         (b"[1, 2]", None),
         (b'{"directive": "reboot"}', "reboot"),
         (b'{"directive": "launch", "launch": {}}', "launch"),
+        # a spare runs no trainer of its own: a launch must name what to run
+        (b'{"directive": "launch", "launch": %s}' % LAUNCH.model_dump_json().encode(), "launch"),
         (b'{"directive": "fault", "fault": {"rank": 0, "kind": "melt"}}', "fault"),
         (b'{"fault": {"rank": 0, "kind": "crash"}}', None),
     ],

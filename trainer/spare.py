@@ -1,16 +1,16 @@
 """Warm spares: a worker process started before it is needed, waiting for its launch.
 
 A fresh Python + torch process needs about 1.7 s before its first step (docs/design.md §5); a
-replacement rank taken from a spare skips that. ``python -m unicron.trainer.worker --spare`` (or
-``UNICRON_WORKER_SPARE=1``) imports torch and the runtime, connects to the agent's local
-channel at ``UNICRON_AGENT_SOCKET`` and says hello as a spare — a ``WorkerHello`` with
-``job_id=""``, ``generation=-1`` and ``rank=-1`` (the agent tells spares apart by the
-connection's peer pid, ``SO_PEERCRED``, since it started them). It then waits for one
-``SpareLaunch`` directive (:mod:`unicron.shared.contracts.workerchannel`),
-closes that connection and runs exactly as a worker started with that launch: the reference
-trainer, or — with ``script`` — the job's own Python script or module, run in this process with
+replacement rank taken from a spare skips that. ``python -m unicron.trainer.spare`` imports
+torch and the runtime, connects to the agent's local channel at ``UNICRON_AGENT_SOCKET`` and
+says hello as a spare — a ``WorkerHello`` with ``job_id=""``, ``generation=-1`` and ``rank=-1``
+(the agent tells spares apart by the connection's peer pid, ``SO_PEERCRED``, since it started
+them). It then waits for one ``SpareLaunch`` directive
+(:mod:`unicron.shared.contracts.workerchannel`), closes that connection and runs the launch's
+``script`` — the job's registered trainer module or its own entrypoint — in this process, with
 the argv, environment and working directory a fresh process would have had (:func:`run_script`).
-The worker connects anew and says hello as its rank, and joins as a joiner when
+A spare belongs to no trainer: what it runs is the launch's, so one spare serves any job. The
+worker connects anew and says hello as its rank, and joins as a joiner when
 ``state_source_rank`` is set. Other lines before the launch are logged and ignored; the agent
 closing the connection releases the spare (exit 0).
 """
@@ -30,18 +30,56 @@ from unicron.shared.contracts.workerchannel import (
     DirectiveError,
     ScriptLaunch,
     SpareLaunch,
+    WorkerEnv,
+    env_name,
     parse_directive,
 )
-from unicron.shared.logging import get_logger
+from unicron.shared.logging import configure_logging, get_logger
+from unicron.trainer.exits import EXIT_BAD_LAUNCH, EXIT_OK, exit_now
 
 log = get_logger(component="unicron.trainer.spare")
 
 SPARE_HELLO = WorkerHello(job_id="", generation=-1, rank=-1)
 
 
+# Imported ahead only because a launch is most likely to need them (the reference trainer,
+# and with it unicron.train and the runtime that every trainer on the API uses); a launch may
+# name any module or script, which is imported when it arrives.
+WARM_MODULES = ("unicron.trainer.gpt",)
+
+
+def main() -> int:
+    """Warm up, wait for a launch and run it; exit 2 when there is no agent socket or the
+    launch is not valid, 0 when the agent released the spare."""
+    configure_logging("unicron.trainer.spare")
+    try:
+        path = WorkerEnv.read().agent_socket
+    except ValueError as exc:
+        return _bad_launch(str(exc))
+    if not path:
+        return _bad_launch(f"{env_name('agent_socket')} is not set for a spare")
+    warm_up()
+    try:
+        taken = wait_for_launch(path)
+    except (OSError, ValueError) as exc:
+        return _bad_launch(f"spare got no valid launch: {exc}")
+    if taken is None:
+        return EXIT_OK  # released by the agent
+    configure_logging(f"trainer.rank{taken.launch.rank}")
+    log.info("spare runs its launch", argv=taken.script.argv[1:], job_id=taken.launch.job_id)
+    return run_script(taken.script)
+
+
+def _bad_launch(reason: str) -> int:
+    print(f"unicron.trainer.spare: {reason}", file=sys.stderr)
+    return EXIT_BAD_LAUNCH
+
+
 def warm_up() -> None:
-    """Import what every worker needs before its first step, so a launch starts at once."""
-    importlib.import_module("unicron.trainer.gpt")  # and with it unicron.train, the runtime
+    """Import what a worker most likely needs before its first step, so a launch starts at
+    once."""
+    for module in WARM_MODULES:
+        importlib.import_module(module)
     from unicron.trainer.runtime import warm_up as warm_up_runtime
 
     warm_up_runtime()
@@ -93,10 +131,10 @@ def _launch_of(line: bytes) -> SpareLaunch | None:
 
 
 def run_script(script: ScriptLaunch) -> int:
-    """Run the job's own ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` in this process as
-    the interpreter would have (``__main__``, ``sys.argv``, ``sys.path[0]``, environment, working
-    directory); its exit code. The modules the spare loaded (torch, unicron) stay loaded: that
-    is the time a spare saves."""
+    """Run the launch's ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` (the job's entrypoint
+    or its trainer's module) in this process as the interpreter would have (``__main__``,
+    ``sys.argv``, ``sys.path[0]``, environment, working directory); its exit code. The modules
+    the spare loaded (torch, unicron) stay loaded: that is the time a spare saves."""
     os.environ.clear()
     os.environ.update(script.env)
     if script.cwd is not None:
@@ -121,3 +159,7 @@ def run_script(script: ScriptLaunch) -> int:
         code = 0
     atexit._run_exitfuncs()  # the script's own, and unicron.train's flush of the last reports
     return code
+
+
+if __name__ == "__main__":
+    exit_now(main())

@@ -1,12 +1,11 @@
-"""Entrypoint of a worker process of the built-in GPT trainer: ``python -m unicron.trainer.worker
-[--spare]``; it runs :mod:`unicron.trainer.gpt`, a script on the public :mod:`unicron.train` API.
+"""Entrypoint of a worker process of the built-in GPT trainer: ``python -m unicron.trainer.worker``;
+it runs :mod:`unicron.trainer.gpt`, a script on the public :mod:`unicron.train` API.
 
 The node agent starts one per rank with the JSON of a ``WorkerLaunch`` in the environment
-variable ``UNICRON_WORKER_LAUNCH``, or a warm spare (``--spare`` or ``UNICRON_WORKER_SPARE=1``)
-that gets its launch later over the agent socket (:mod:`unicron.trainer.spare`). Exit codes: 0 the
-job's last step is done (or a spare was released), 1 a step failed (and a
-``WorkerException`` was sent to the agent first), 2 the launch was missing or invalid
-(nothing was started; the reason is on stderr).
+variable ``UNICRON_WORKER_LAUNCH``; a warm spare (:mod:`unicron.trainer.spare`) that takes a
+launch naming this module runs it the same way, in its own process. Exit codes: 0 the job's
+last step is done, 1 a step failed (and a ``WorkerException`` was sent to the agent first), 2
+the launch was missing or invalid (nothing was started; the reason is on stderr).
 """
 
 from __future__ import annotations
@@ -30,16 +29,12 @@ def required_launch(env: WorkerEnv) -> WorkerLaunch:
     return env.launch
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main() -> int:
     try:
-        env = WorkerEnv.read()
-        launch = None if "--spare" in args or env.spare else required_launch(env)
+        launch = read_launch()
     except ValueError as exc:
         print(f"unicron.trainer.worker: {exc}", file=sys.stderr)
         return EXIT_BAD_LAUNCH
-    if launch is None:
-        return spare_main(env)
     configure_logging(f"trainer.rank{launch.rank}")
     return train_gpt(launch)
 
@@ -55,32 +50,6 @@ def train_gpt(launch: WorkerLaunch) -> int:
     gpt.train(run)
     run.close()
     return EXIT_OK
-
-
-def spare_main(env: WorkerEnv) -> int:
-    """A warm spare: load torch now, wait for a launch, then run it (see unicron.trainer.spare)."""
-    from unicron.trainer import spare
-
-    configure_logging("unicron.trainer.spare")
-    path = env.agent_socket
-    if not path:
-        print(
-            f"unicron.trainer.worker: {env_name('agent_socket')} is not set for a spare",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_LAUNCH
-    spare.warm_up()
-    try:
-        taken = spare.wait_for_launch(path)
-    except (OSError, ValueError) as exc:
-        print(f"unicron.trainer.worker: spare got no valid launch: {exc}", file=sys.stderr)
-        return EXIT_BAD_LAUNCH
-    if taken is None:
-        return EXIT_OK  # released by the agent
-    configure_logging(f"trainer.rank{taken.launch.rank}")
-    if taken.script is not None:
-        return spare.run_script(taken.script)
-    return train_gpt(taken.launch)
 
 
 if __name__ == "__main__":

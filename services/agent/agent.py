@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import uuid
 
 import structlog
@@ -53,7 +54,6 @@ from unicron.shared.outage import Outage
 from unicron.shared.store.state import StateStore
 
 log = get_logger(component="agent")
-SPARE_TRAINER = "gpt"  # spares are pre-started for this trainer's entrypoint
 
 
 class Agent:
@@ -82,10 +82,10 @@ class Agent:
             observe=self._observe,
         )
         registry = build_registry(settings.entrypoints)
-        spare_argv = registry.argv(SPARE_TRAINER) if SPARE_TRAINER in registry.names() else []
+        # Spares run no trainer of their own: each launch names the job's (``supervisor``).
         self.spares = SparePool(
-            settings.spare_count if spare_argv else 0,
-            spare_argv,
+            settings.spare_count,
+            [sys.executable, "-m", settings.spare_module],
             socket_path,
             settings.data_dir,
             self.slots,

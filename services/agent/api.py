@@ -57,8 +57,6 @@ class WorkerLink(Protocol):
 class SpareSource(Protocol):
     """The warm spares as the supervisor uses them: a start served by a waiting process."""
 
-    argv: list[str]  # the command the spares were started with
-
     async def serve(
         self, key: WorkerKey, launch_for: LaunchFor, log_path: Path
     ) -> tuple[asyncio.subprocess.Process, int | None] | None: ...

@@ -1,11 +1,13 @@
 """What a worker process is: its argv, environment and working directory, decided in one place.
 
 A fresh launch (:mod:`unicron.services.agent.supervisor`) and a warm spare that takes a launch
-(:mod:`unicron.services.agent.spares`) both get a worker's identity from here. A job on the
-reference trainer runs ``python -m <registered module>``; a job with its own ``entrypoint`` runs
-that argv in its working directory with the environment ``torchrun`` gives a worker, so a script
-written for torchrun (``dist.init_process_group`` from the environment) runs unchanged. Everything
-comes from the job record the API accepted (``JobContext``), never from a bus message.
+(:mod:`unicron.services.agent.spares`) both get a worker's identity from here: a spare is sent
+the very argv, environment and directory a fresh process would get, so it runs the job's trainer.
+A job on the reference trainer runs ``python -m <registered module>``; a job with its own
+``entrypoint`` runs that argv in its working directory with the environment ``torchrun`` gives a
+worker, so a script written for torchrun (``dist.init_process_group`` from the environment) runs
+unchanged. Everything comes from the job record the API accepted (``JobContext``), never from a
+bus message.
 """
 
 from __future__ import annotations
@@ -124,11 +126,10 @@ def _interpreter(argv: list[str]) -> list[str]:
     return argv
 
 
-def spare_can_run(argv: list[str], spare_argv: list[str]) -> bool:
+def spare_can_run(argv: list[str]) -> bool:
     """Whether a warm spare (a Python with torch and unicron loaded) can become this worker:
-    the reference trainer it was started for, or a Python script or module of the job's own."""
-    if argv == spare_argv:
-        return True
+    a Python script or module on the agent's interpreter, which a registered trainer always is
+    and a job's own entrypoint may be."""
     if len(argv) < 2 or argv[0] != sys.executable:
         return False
     if argv[1] == "-m":

@@ -13,7 +13,8 @@ import sys
 DEFAULT_ENTRYPOINTS: dict[str, str] = {"gpt": "unicron.trainer.worker"}
 
 # A dotted python module path, so a registered value can never smuggle in an argument or flag.
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MODULE_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+_MODULE = re.compile(MODULE_PATH)
 
 
 class UnknownTrainerError(LookupError):

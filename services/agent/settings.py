@@ -7,6 +7,8 @@ workers it may run, ``UNICRON_HOST`` is the address peers use to reach its rende
 a range for it and the entrypoint jobs' master stores to take the first free ports of, for a
 firewall that opens only those. ``UNICRON_ENTRYPOINTS`` (JSON)
 registers extra trainer entrypoints for this node only; the bus can never add one.
+``UNICRON_SPARE_MODULE`` is what a warm spare runs (``python -m MODULE``): any module that waits
+for a launch as ``unicron.trainer.spare`` does, say one that imports a site's own libraries first.
 ``UNICRON_HANG_*`` tune hang detection (``unicron.services.agent.hang``).
 """
 
@@ -16,6 +18,7 @@ import re
 import socket
 
 from pydantic import Field, field_validator, model_validator
+from unicron.services.agent.registry import MODULE_PATH
 from unicron.shared.settings import CommonSettings
 
 # A node id is one NATS subject token and part of Redis keys: no dots, wildcards or spaces.
@@ -47,6 +50,11 @@ class AgentSettings(CommonSettings):
     stop_wait_s: float = Field(5.0, gt=0, description="how long to wait for killed workers")
     spares: int | None = Field(
         None, ge=0, description="warm spare workers to keep; default 1 when slots allow, 0: none"
+    )
+    spare_module: str = Field(
+        "unicron.trainer.spare",
+        pattern=MODULE_PATH,
+        description="what a warm spare runs; it runs whichever trainer each launch names",
     )
     spare_delay_s: float = Field(
         2.0, ge=0, description="wait after a spare served a start before starting the next one"

@@ -2,13 +2,15 @@
 local channel for a launch, so a replacement rank starts in milliseconds instead of the ~2 s
 of a fresh Python + torch (docs/design.md §5).
 
-A spare is ``python -m <trainer module> --spare`` with ``UNICRON_AGENT_SOCKET`` set; it connects
-to the agent's channel and waits for one ``SpareLaunch`` line (the reference trainer's launch, or a
-user's Python script or module with its environment, run in the spare's own process).
-The pool keeps ``count`` of them; a ``StartWorker`` takes a connected one (the supervisor then
-watches it as the worker it became) and the pool starts another in the background. A spare that
-dies is replaced; one that dies before it ever connected counts as a failed start, and after
-``MAX_FAILED_STARTS`` of those in a row (a trainer without spare support) the pool gives up, so
+A spare is ``python -m unicron.trainer.spare`` (the agent's ``spare_module``) with
+``UNICRON_AGENT_SOCKET`` and ``UNICRON_WORKER_SPARE=1`` set; it connects to the agent's channel
+and waits for one ``SpareLaunch`` line, which names what to run: the job's registered trainer
+module or its own Python script or module, with its environment, run in the spare's own
+process. A spare is tied to no trainer, so any job's start can take one. The pool keeps
+``count`` of them; a ``StartWorker`` takes a connected one (the supervisor then watches it as
+the worker it became) and the pool starts another in the background. A spare that dies is
+replaced; one that dies before it ever connected counts as a failed start, and after
+``MAX_FAILED_STARTS`` of those in a row (a spare module that cannot wait) the pool gives up, so
 every start falls back to spawning. Spares are never workers: they hold no rank, are not in the
 node's ``used`` count, and are killed when the agent stops.
 """
@@ -206,14 +208,14 @@ class SparePool:
         env = {
             **without_credentials(os.environ),  # a spare becomes the user's code: no logins
             **pool.env(slot),
-            **WorkerEnv(agent_socket=str(self.socket_path)).to_environ(),
+            # marked as a spare: how a scan of /proc tells one from a worker (bench/chaos_procs)
+            **WorkerEnv(agent_socket=str(self.socket_path), spare=True).to_environ(),
         }
         env.pop(env_name("launch"), None)
         try:
             with path.open("ab") as out:
                 proc = await asyncio.create_subprocess_exec(
                     *self.argv,
-                    "--spare",
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,

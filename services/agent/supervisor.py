@@ -176,25 +176,23 @@ class Supervisor:
 
     async def _from_spare(self, key: WorkerKey, cmd: StartWorker, ctx: JobContext) -> Worker | None:
         """The worker as a warm spare that took the launch, or None when no spare is ready or
-        a spare cannot run it (a command that is not a Python script or module)."""
+        a spare cannot run it (a command that is not a Python script or module). The spare is
+        sent the process a spawn would start, so it runs the job's own trainer or entrypoint."""
         if self.spares is None:
             return None
-        spares = self.spares
 
         def launch_for(slot: int | None) -> SpareLaunch | None:
             argv, env, cwd = process_launch(
                 cmd, ctx, node_id=self.node_id, socket=self.socket_path,
                 registry=self.registry, slot_env=self.slots.env(slot),
             )  # fmt: skip
-            if not spare_can_run(argv, spares.argv):
+            if not spare_can_run(argv):
                 return None
             launch = worker_launch(cmd, ctx, self.node_id, self.socket_path)
-            if ctx.spec.entrypoint is None:
-                return SpareLaunch(launch=launch)
             cwd_text = None if cwd is None else str(cwd)
             return SpareLaunch(launch=launch, script=ScriptLaunch(argv=argv, env=env, cwd=cwd_text))
 
-        served = await spares.serve(key, launch_for, self.log_path(key))
+        served = await self.spares.serve(key, launch_for, self.log_path(key))
         if served is None:
             return None
         proc, slot = served

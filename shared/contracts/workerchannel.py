@@ -48,9 +48,10 @@ class WorkerLaunch(GroupSeat):
 
 
 class ScriptLaunch(Message):
-    """A user's entrypoint for a warm spare to run in its own process: ``argv`` is
-    ``[python, SCRIPT, ARGS…]`` or ``[python, -m, MODULE, ARGS…]``, run with exactly ``env`` in
-    ``cwd`` — what a fresh process of that entrypoint would have been given."""
+    """The worker process a warm spare becomes, run in the spare's own process: ``argv`` is
+    ``[python, SCRIPT, ARGS…]`` or ``[python, -m, MODULE, ARGS…]`` (a job's entrypoint, or the
+    module of its registered trainer), run with exactly ``env`` in ``cwd`` — what a fresh
+    process of that worker would have been given."""
 
     argv: list[str] = Field(min_length=2)
     env: dict[str, str]
@@ -58,12 +59,12 @@ class ScriptLaunch(Message):
 
 
 class SpareLaunch(Message):
-    """Agent → warm spare: become this worker (``unicron.trainer.spare``); ``script`` None runs the
-    reference trainer."""
+    """Agent → warm spare: become this worker (``unicron.trainer.spare``) by running ``script``,
+    the job's own trainer or entrypoint: a spare runs no trainer of its own."""
 
     directive: Literal["launch"] = "launch"
     launch: WorkerLaunch
-    script: ScriptLaunch | None = None
+    script: ScriptLaunch
 
 
 class FaultDirective(Message):
@@ -111,7 +112,7 @@ class WorkerEnv(BaseModel):
     """The ``UNICRON_*`` variables a worker process reads; unset ones are None or default.
 
     An agent sets ``launch``, ``agent_socket``, ``job_id`` and ``checkpoint_dir`` for a worker
-    (``agent_socket`` alone for a warm spare); an operator may set ``park_timeout_s`` on the
+    (``agent_socket`` and ``spare`` for a warm spare); an operator may set ``park_timeout_s`` on the
     agent, and a local run (no agent) reads ``job_spec`` and ``checkpoint_dir``. A worker that
     inherits ``checkpoint_url`` (from its agent or the job's env) also keeps its checkpoints in
     that object store (``unicron.trainer.objectstore``).

@@ -251,6 +251,7 @@ def agent_env(nats_url: str, redis_url: str, data_dir: Path) -> dict[str, str]:
         "UNICRON_DATA_DIR": str(data_dir),
         "UNICRON_HEARTBEAT_INTERVAL_S": "0.2",
         "UNICRON_ENTRYPOINTS": json.dumps({"gpt": FAKE_WORKER}),
+        "UNICRON_SPARE_MODULE": FAKE_WORKER,  # a stdlib spare: it starts without torch
     }
 
 

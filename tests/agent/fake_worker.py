@@ -17,8 +17,10 @@ then acts on ``spec.name``:
   ``directive <line>``. A ``regroup`` directive makes it answer ``worker_regrouped`` and carry
   on under the new generation and rank (the worker side of the regroup protocol, minimally).
 
-With ``--spare`` it is a warm spare: it connects to ``$UNICRON_AGENT_SOCKET`` at once and waits
-for one line ``{"directive": "launch", "launch": ...}``, then goes on as if launched with it.
+Started as a warm spare (``UNICRON_WORKER_SPARE=1``, as the agent's spare pool marks one) it
+connects to ``$UNICRON_AGENT_SOCKET`` at once and waits for one line
+``{"directive": "launch", "launch": ..., "script": ...}``, logs ``served by spare <script argv>``
+and goes on as if launched with it (it plays whichever trainer the script names).
 """
 
 from __future__ import annotations
@@ -109,8 +111,9 @@ def step(sock: socket.socket, launch: dict[str, Any], behaviour: str) -> None:
     send(sock, line(launch, "worker_phase", phase="compute", step=s))
 
 
-def wait_as_spare() -> tuple[socket.socket, dict[str, Any]]:
-    """Connect at once, then read the launch line byte by byte (no buffer to lose)."""
+def wait_as_spare() -> tuple[socket.socket, dict[str, Any], list[str]]:
+    """Connect at once, then read the launch line byte by byte (no buffer to lose); the
+    socket, the launch and the argv of the process it names."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(os.environ["UNICRON_AGENT_SOCKET"])
     raw = b""
@@ -121,20 +124,21 @@ def wait_as_spare() -> tuple[socket.socket, dict[str, Any]]:
         raw += byte
     message = json.loads(raw)
     assert message["directive"] == "launch", message
-    return sock, dict(message["launch"])
+    return sock, dict(message["launch"]), list(message["script"]["argv"])
 
 
 def main() -> int:
-    spare = "--spare" in sys.argv[1:]
+    spare = os.environ.get("UNICRON_WORKER_SPARE") == "1"
+    script: list[str] = []
     if spare:
-        sock, launch = wait_as_spare()
+        sock, launch, script = wait_as_spare()
     else:
         launch = json.loads(os.environ["UNICRON_WORKER_LAUNCH"])
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     print(json.dumps(launch), flush=True)
     print(json.dumps({"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}), flush=True)
     if spare:
-        print("served by spare", flush=True)
+        print("served by spare", json.dumps(script), flush=True)
     behaviour = launch["spec"]["name"]
     if behaviour != "mute" and not spare:
         sock.connect(launch["agent_socket"])

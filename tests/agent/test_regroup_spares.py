@@ -6,6 +6,7 @@ protocols; everything is awaited with a deadline.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -36,7 +37,7 @@ from unicron.shared.contracts.reports import (
     WorkerRegrouped,
     WorkerStarted,
 )
-from unicron.shared.contracts.workerchannel import SpareLaunch, WorkerLaunch
+from unicron.shared.contracts.workerchannel import ScriptLaunch, SpareLaunch, WorkerLaunch
 from unicron.shared.store.state import StateStore
 
 from tests.agent.conftest import (
@@ -139,7 +140,8 @@ async def test_a_start_is_served_by_a_warm_spare_which_is_replaced(
     log = tmp_path / "logs" / "job-s" / "g1-r0.log"
     launch = WorkerLaunch.model_validate_json(log.read_text().splitlines()[0])
     assert (launch.job_id, launch.rendezvous) == ("job-s", cmd.rendezvous)
-    assert "served by spare" in log.read_text()
+    # the spare was told to run the job's registered trainer, as a spawn would have
+    assert f"served by spare {json.dumps(supervisor.registry.argv('gpt'))}" in log.read_text()
 
     # another spare takes its place; one that dies is replaced; neither is a worker
     await until(lambda: len(spares.ready()) == 1 and spares.ready()[0] is not spare)
@@ -161,7 +163,8 @@ async def test_spares_give_up_when_the_trainer_cannot_wait(
     try:
         await until(lambda: not pool.enabled)
         launch_key = WorkerKey("job-x", 1, 0)
-        launch = SpareLaunch(launch=_launch())
+        script = ScriptLaunch(argv=[sys.executable, "-m", FAKE_WORKER], env={})
+        launch = SpareLaunch(launch=_launch(), script=script)
         assert await pool.serve(launch_key, lambda _slot: launch, tmp_path / "x.log") is None
     finally:
         await pool.close()

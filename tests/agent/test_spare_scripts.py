@@ -1,6 +1,7 @@
-"""Warm spares serve a job's own entrypoint: a real spare (torch and unicron already loaded)
-runs the user's ``python SCRIPT`` or ``python -m MODULE`` in its own process, with the argv,
-environment and working directory a fresh process would have had."""
+"""Warm spares serve any job's trainer: a real spare (torch and unicron already loaded) runs the
+module the node registered for the job's trainer, or the user's ``python SCRIPT`` or
+``python -m MODULE``, in its own process, with the argv, environment and working directory a
+fresh process would have had. A spare is tied to no trainer: the launch names what it runs."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from unicron.services.agent.launch import JobContext, spare_can_run
 from unicron.services.agent.spares import SparePool
 from unicron.services.agent.supervisor import Supervisor
 from unicron.shared.contracts.messages import StartWorker
-from unicron.shared.contracts.reports import WorkerExited, WorkerStarted
+from unicron.shared.contracts.reports import StepCompleted, WorkerExited, WorkerStarted
 
-from tests.agent.conftest import RecordingSink, spare_pool, start_cmd, until
+from tests.agent.conftest import RecordingSink, Start, spare_pool, start_cmd, until
 
-REAL_SPARE = [sys.executable, "-m", "unicron.trainer.worker"]
+REAL_SPARE = [sys.executable, "-m", "unicron.trainer.spare"]
+TOY_TRAINER = "tests.agent.toy_trainer"  # not the built-in GPT
 
 SCRIPT = textwrap.dedent(
     """
@@ -82,11 +84,45 @@ async def test_a_script_that_raises_in_a_spare_exits_1_with_its_traceback(
     assert "ValueError: the script's own bug" in log
 
 
+def toy_start(tmp_path: Path, registered: bool) -> Start:
+    """A job on the toy trainer: the module this node registered for the job's trainer, or the
+    job's own ``python -m`` entrypoint."""
+    env = {"TOY_LOSS": "0.25"}
+    if registered:
+        return start_cmd("job-toy", "toy", steps=3, env=env)
+    cmd, ctx = start_cmd(
+        "job-toy", "toy", steps=3, env=env, entrypoint=["python", "-m", TOY_TRAINER]
+    )
+    return Start(cmd, JobContext(ctx.spec, ctx.checkpoint_dir, 0, tmp_path, ("127.0.0.1", 29511)))
+
+
+@pytest.mark.parametrize("registered", [True, False], ids=["registered", "entrypoint"])
+async def test_a_spare_takes_over_a_rank_running_the_job_s_trainer_not_the_built_in_gpt(
+    supervisor: Supervisor, real_spares: SparePool, sink: RecordingSink, tmp_path: Path,
+    registered: bool,
+) -> None:  # fmt: skip
+    supervisor.registry.register("gpt", TOY_TRAINER)  # this node runs its own trainer
+    await until(lambda: len(real_spares.ready()) == 1, within=60)
+    spare = real_spares.ready()[0]
+    cmd, ctx = toy_start(tmp_path, registered)
+    await supervisor.start_worker(cmd, ctx)
+    started = await sink.next(WorkerStarted)
+    assert started.pid == spare.proc.pid and real_spares.served == 1
+    # the toy's steps, with the loss the job's env gave it: the GPT would report other losses
+    steps = [await sink.next(StepCompleted, within=30) for _ in range(3)]
+    log = (tmp_path / "logs" / "job-toy" / "g1-r0.log").read_text()
+    assert [(s.job_id, s.rank, s.step, s.loss) for s in steps] == [
+        ("job-toy", 0, step, 0.25) for step in range(3)
+    ], log
+    exited = await sink.next(WorkerExited, within=30)
+    assert (exited.pid, exited.exit_code) == (spare.proc.pid, 0), log
+
+
 def test_spares_run_python_scripts_and_modules_only() -> None:
     python = sys.executable
-    assert spare_can_run([python, "train.py", "--x"], REAL_SPARE)
-    assert spare_can_run([python, "-m", "pkg.train"], REAL_SPARE)
-    assert spare_can_run(REAL_SPARE, REAL_SPARE)
-    assert not spare_can_run([python, "-O", "train.py"], REAL_SPARE)  # a flag changes the process
-    assert not spare_can_run(["bash", "run.sh"], REAL_SPARE)
-    assert not spare_can_run([python, "-m"], REAL_SPARE)
+    assert spare_can_run([python, "train.py", "--x"])
+    assert spare_can_run([python, "-m", "pkg.train"])
+    assert spare_can_run([python, "-m", "unicron.trainer.worker"])  # the reference trainer
+    assert not spare_can_run([python, "-O", "train.py"])  # a flag changes the process
+    assert not spare_can_run(["bash", "run.sh"])
+    assert not spare_can_run([python, "-m"])

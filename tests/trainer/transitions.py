@@ -3,8 +3,10 @@ and launch directives to processes by pid, and collects what they report."""
 
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,9 +15,16 @@ from typing import Any
 
 from unicron.shared.contracts.messages import FaultKind, FaultSpec, RegroupDirective
 from unicron.shared.contracts.models import JobSpec
-from unicron.shared.contracts.workerchannel import FaultDirective, WorkerEnv, WorkerLaunch
+from unicron.shared.contracts.workerchannel import (
+    FaultDirective,
+    ScriptLaunch,
+    SpareLaunch,
+    WorkerEnv,
+    WorkerLaunch,
+    env_name,
+)
 
-from tests.trainer.harness import AgentStandIn, agent_and_held_store, make_launch, spawn
+from tests.trainer.harness import REPO, AgentStandIn, agent_and_held_store, make_launch, spawn
 
 Report = dict[str, Any]
 
@@ -57,11 +66,18 @@ class Executor:
         return proc.pid
 
     def start_spare(self) -> int:
-        return self.start(None, **WorkerEnv(spare=True, agent_socket=self.agent.path).to_environ())
+        spare = WorkerEnv(spare=True, agent_socket=self.agent.path).to_environ()
+        return self.start(None, "unicron.trainer.spare", **spare)
 
     def use_spare(self, pid: int, launch: WorkerLaunch) -> None:
-        line = {"directive": "launch", "launch": launch.model_dump(mode="json")}
-        self.agent.send_to_pid(line, pid)
+        """Send what an agent sends: the launch and the reference trainer's process, named."""
+        env = {k: v for k, v in os.environ.items() if k != env_name("launch")}
+        env.update(WorkerEnv(launch=launch).to_environ())
+        argv = [sys.executable, "-m", "unicron.trainer.worker"]
+        script = ScriptLaunch(argv=argv, env=env, cwd=str(REPO))
+        self.agent.send_to_pid(
+            SpareLaunch(launch=launch, script=script).model_dump(mode="json"), pid
+        )
 
     def regroup(
         self, generation: int, moves: dict[int, int], world: int, source: int | None = None
