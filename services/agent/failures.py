@@ -1,10 +1,13 @@
 """What the agent reports for a worker that failed without saying why.
 
-A plain script reports nothing in-band: when it exits non-zero the agent reads its log's tail
-(:mod:`unicron.services.agent.tracebacks`) and reports the exception found there as a
-``WorkerException``. A command that cannot be executed at all (a missing program or working
-directory, no permission) never becomes a process: it is reported as a launch failure, which
-ends the job at once, since restarting it would fail the same way.
+A plain script reports nothing in-band: when it exits non-zero the agent reads the exception
+it recorded in torchelastic's error file (:mod:`unicron.services.agent.errorfile`) or, without
+one, its log's tail (:mod:`unicron.services.agent.tracebacks`), and reports it as a
+``WorkerException``. A worker killed from outside (SIGKILL: the OOM killer, an operator) wrote
+nothing about it, so nothing is read: its exit names the signal. A command that cannot be
+executed at all (a missing program or working directory, no permission) never becomes a
+process: it is reported as a launch failure, which ends the job at once, since restarting it
+would fail the same way.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+from unicron.services.agent.errorfile import read_error_file
 from unicron.services.agent.tracebacks import classify_log, read_tail
 from unicron.shared.contracts.identity import WorkerKey
 from unicron.shared.contracts.messages import StartWorker
 from unicron.shared.contracts.reports import WorkerException, WorkerExited
-from unicron.shared.contracts.taxonomy import FailureCategory
+from unicron.shared.contracts.taxonomy import CODE_SIGNALS, FailureCategory
 
 # exec errors of a command that can never run here, with the exit code a shell would give
 _EXIT_CODES = {errno.ENOENT: 127, errno.ENOTDIR: 127, errno.EACCES: 126, errno.ENOEXEC: 126}
@@ -57,9 +61,16 @@ def launch_failure_reports(
     ]  # fmt: skip
 
 
-def logged_exception(node_id: str, who: WorkerKey, pid: int, log: Path) -> WorkerException | None:
-    """The exception the worker's log ends with, as its report; None when it tells of none."""
-    failure = classify_log(read_tail(log))
+def exit_exception(
+    node_id: str, who: WorkerKey, pid: int, files: tuple[Path, Path], signum: int | None
+) -> WorkerException | None:
+    """The exception a dead worker recorded in its error file, or else the one its log ends
+    with, as its report; None when they tell of none, or when a signal from outside killed it.
+    ``files`` is (log, error file)."""
+    if signum is not None and signum not in CODE_SIGNALS:
+        return None
+    log, error_file = files
+    failure = read_error_file(error_file) or classify_log(read_tail(log))
     if failure is None:
         return None
     return WorkerException(

@@ -60,12 +60,16 @@ def worker_launch(cmd: StartWorker, ctx: JobContext, node_id: str, socket: Path)
     )
 
 
-def torchrun_env(cmd: StartWorker, ctx: JobContext) -> dict[str, str]:
-    """The variables torchrun's elastic agent sets for a worker (torch.distributed.run)."""
+def torchrun_env(cmd: StartWorker, ctx: JobContext, error_file: Path | None) -> dict[str, str]:
+    """The variables torchrun's elastic agent sets for a worker (torch.distributed.run); with
+    ``error_file``, the rank's own TORCHELASTIC_ERROR_FILE, where ``@record`` writes the
+    exception that ends the script (read at its exit, services/agent/errorfile.py)."""
     if ctx.master is None:
         raise ValueError("an entrypoint job needs its generation's master store")
     host, port = ctx.master
+    recorded = {} if error_file is None else {"TORCHELASTIC_ERROR_FILE": str(error_file)}
     return {
+        **recorded,
         "RANK": str(cmd.rank),
         "LOCAL_RANK": str(cmd.local_rank),
         "WORLD_SIZE": str(cmd.world_size),
@@ -92,6 +96,7 @@ def process_launch(
     socket: Path,
     registry: EntrypointRegistry,
     slot_env: dict[str, str],
+    error_file: Path | None = None,
 ) -> ProcessLaunch:
     """(argv, env, cwd) of the worker for ``cmd``: the agent's environment without its own
     credentials (the user's code must not log in as the agent) + the job's env + the GPU slot +
@@ -113,7 +118,10 @@ def process_launch(
     }
     if spec.entrypoint is None:
         return ProcessLaunch(registry.argv(spec.trainer), env, ctx.cwd)
-    env.update(torchrun_env(cmd, ctx))
+    env.update(torchrun_env(cmd, ctx, error_file))
+    if cmd.local_world_size > 1:
+        # As torchrun does: ranks that share a machine would each start a thread per core.
+        env.setdefault("OMP_NUM_THREADS", "1")
     return ProcessLaunch(_interpreter(list(spec.entrypoint)), env, ctx.cwd)
 
 

@@ -6,9 +6,9 @@ in ``proc.wait()``, so its exit is reported the moment the kernel reaps it, not 
 Workers run in their own process group (a stop kills helpers they forked too) and get SIGKILL
 when the agent dies, so none outlives the agent. On a node with GPUs each worker gets a device
 of its own (``unicron.services.agent.gpus``). A worker that exits non-zero without having reported
-an exception in-band (a plain script) gets one read from its log
-(:mod:`unicron.services.agent.tracebacks`), and a command that cannot be executed at all is reported
-as a launch failure: no retry helps.
+an exception in-band (a plain script) gets one read from its torchelastic error file or its log
+(:mod:`unicron.services.agent.failures`), and a command that cannot be executed at all is
+reported as a launch failure: no retry helps.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from unicron.services.agent.api import Report, Sink, SpareSource
-from unicron.services.agent.failures import cannot_execute, launch_failure, logged_exception
+from unicron.services.agent.failures import cannot_execute, exit_exception, launch_failure
 from unicron.services.agent.gpus import SlotPool
 from unicron.services.agent.launch import (
     JobContext,
@@ -129,6 +129,7 @@ class Supervisor:
         wlog = log.bind(**key._asdict())
         if ctx.spec.entrypoint is None and ctx.spec.trainer not in self.registry.names():
             raise CommandRejectedError(f"trainer {ctx.spec.trainer!r} is not registered")
+        self.error_path(key).unlink(missing_ok=True)  # only this launch's exception may be read
         spared = await self._from_spare(key, cmd, ctx)
         worker = spared or await self._spawn(key, cmd, ctx)
         if worker is None:
@@ -174,6 +175,10 @@ class Supervisor:
     def log_path(self, key: WorkerKey) -> Path:
         return self.data_dir / "logs" / key.job_id / f"g{key.generation}-r{key.rank}.log"
 
+    def error_path(self, key: WorkerKey) -> Path:
+        """Its ``TORCHELASTIC_ERROR_FILE``, beside its log."""
+        return self.log_path(key).with_suffix(".error.json")
+
     async def _from_spare(self, key: WorkerKey, cmd: StartWorker, ctx: JobContext) -> Worker | None:
         """The worker as a warm spare that took the launch, or None when no spare is ready or
         a spare cannot run it (a command that is not a Python script or module). The spare is
@@ -183,8 +188,8 @@ class Supervisor:
 
         def launch_for(slot: int | None) -> SpareLaunch | None:
             argv, env, cwd = process_launch(
-                cmd, ctx, node_id=self.node_id, socket=self.socket_path,
-                registry=self.registry, slot_env=self.slots.env(slot),
+                cmd, ctx, node_id=self.node_id, socket=self.socket_path, registry=self.registry,
+                slot_env=self.slots.env(slot), error_file=self.error_path(key),
             )  # fmt: skip
             if not spare_can_run(argv):
                 return None
@@ -204,13 +209,9 @@ class Supervisor:
     async def _spawn(self, key: WorkerKey, cmd: StartWorker, ctx: JobContext) -> Worker | None:
         slot = self.slots.acquire()
         argv, env, cwd = process_launch(
-            cmd,
-            ctx,
-            node_id=self.node_id,
-            socket=self.socket_path,
-            registry=self.registry,
-            slot_env=self.slots.env(slot),
-        )
+            cmd, ctx, node_id=self.node_id, socket=self.socket_path, registry=self.registry,
+            slot_env=self.slots.env(slot), error_file=self.error_path(key),
+        )  # fmt: skip
         path = self.log_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -248,7 +249,7 @@ class Supervisor:
         exit_code, sig = (None, -code) if code < 0 else (code, None)
         who = worker.current  # a worker that re-formed in place exits under its new identity
         if code != 0 and not worker.stopping:
-            await self._report_logged_exception(worker)
+            await self._report_exit_exception(worker, sig)
         self.sink.report(
             WorkerExited(
                 node_id=self.node_id,
@@ -277,10 +278,10 @@ class Supervisor:
             if pending:
                 log.error("workers survived SIGKILL", count=len(pending))
 
-    async def _report_logged_exception(self, worker: Worker) -> None:
-        """The exception a dead worker wrote to its log, unless it reported one itself."""
-        who = worker.current
-        report = logged_exception(self.node_id, who, worker.proc.pid, self.log_path(worker.key))
+    async def _report_exit_exception(self, worker: Worker, signum: int | None) -> None:
+        """The exception a dead worker wrote down, unless it reported one itself."""
+        files = (self.log_path(worker.key), self.error_path(worker.key))
+        report = exit_exception(self.node_id, worker.current, worker.proc.pid, files, signum)
         if report is None:
             return
         await asyncio.sleep(CHANNEL_GRACE_S)  # let the channel read what the worker sent last

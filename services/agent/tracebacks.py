@@ -5,6 +5,10 @@ non-zero its agent reads the last ``TAIL_BYTES`` of its stdout+stderr and takes 
 exception (``Type: message`` after the last ``Traceback``, with the exceptions of its chain) or,
 failing that, the last line that names an NCCL / CUDA / gloo error, and classifies it with the
 trainer's own classifier, so a script's failure lands in the same taxonomy as the runtime's.
+
+``dist.init_process_group`` installs an excepthook that writes every line of a traceback as
+``[rankN]: <line>`` (``torch.distributed.distributed_c10d``): that prefix is taken off first, or
+no line of it would read as a traceback.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ _CHAINED = (
 # "pkg.mod.SomeError: text", "KeyboardInterrupt", "torch.OutOfMemoryError: …"
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _ERROR_NAME = re.compile(r"(Error|Exception|Exit|Interrupt|Failure|Fault)$")
+# torch's excepthook: f"[rank{rank}]: {line}" for each non-empty line of the traceback
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -118,11 +124,31 @@ def _error_line(line: str) -> tuple[str, str] | None:
     return (name, match.group(2)) if _ERROR_NAME.search(name) else None
 
 
-def classify_log(text: str) -> ScriptFailure | None:
-    """The failure the text of a dead worker's log tells of, or None when it tells of none."""
-    found = _from_traceback(text) or _from_lines(text)
-    if found is None:
-        return None
-    exc_type, message = found
+def failure_of(exc_type: str, message: str) -> ScriptFailure:
     message = message[:MAX_MESSAGE]
     return ScriptFailure(exc_type, message, classify_text(exc_type, message))
+
+
+def split_exception(text: str) -> ScriptFailure:
+    """``"pkg.SomeError: message"`` (the message may span lines) as a failure; a text that
+    names no type is all message."""
+    head, _, rest = text.strip().partition("\n")
+    match = _EXCEPTION_LINE.match(head)
+    if match is None:
+        return failure_of("", text.strip())
+    message = "\n".join(part for part in (match.group(2) or "", rest) if part)
+    return failure_of(match.group(1).rsplit(".", 1)[-1], message)
+
+
+def classify_traceback(text: str) -> ScriptFailure | None:
+    """The last exception of a formatted traceback (``traceback.format_exc()``), its causes
+    appended; None when the text holds none."""
+    found = _from_traceback(_RANK_PREFIX.sub("", text))
+    return None if found is None else failure_of(*found)
+
+
+def classify_log(text: str) -> ScriptFailure | None:
+    """The failure the text of a dead worker's log tells of, or None when it tells of none."""
+    text = _RANK_PREFIX.sub("", text)
+    found = _from_traceback(text) or _from_lines(text)
+    return None if found is None else failure_of(*found)

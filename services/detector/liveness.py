@@ -4,6 +4,12 @@ Survivors of a dead node report connection errors within milliseconds, long befo
 heartbeats count as missed. An agent answers a core-NATS ping while its process lives; a node
 that does not answer may be the root cause, so the correlator waits for the heartbeat verdict
 (``node.lost``) instead of blaming the network.
+
+The ranks of a plain script (a job's own entrypoint) exit on a peer's failure instead of
+parking, and the rank whose fault began it is not always heard first: it tears down its process
+group before its interpreter, or tarries. While only such exits and peer errors are in, the
+correlator waits until every rank of the generation has exited or reported, for at most
+``root_cause_wait_s``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
 from unicron.shared.bus.api import EventBus
 from unicron.shared.contracts.messages import ping_subject
-from unicron.shared.contracts.models import NodeState, WorkerState, now
+from unicron.shared.contracts.models import Job, NodeState, WorkerState, now
 from unicron.shared.contracts.taxonomy import FailureKind
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
@@ -53,6 +59,8 @@ class Liveness:
         if silent:
             return await self._until_verdict(silent)
         reporters = {c.rank for c in candidates}
+        if job.spec.entrypoint is not None:
+            return self._script_hold(job, candidates, reporters)
         # Some ranks have not reported yet: one of them may be the hung one (its peers only wait).
         if all(c.kind == FailureKind.HANG for c in candidates) and len(reporters) < len(live):
             # The rank that hangs in its compute reports within a check interval of its peers.
@@ -63,6 +71,19 @@ class Liveness:
             # fault, recorded at once.
             return self.settings.park_grace_s
         return 0.0
+
+    def _script_hold(
+        self, job: Job, candidates: list[Candidate], reporters: set[int | None]
+    ) -> float:
+        if not all(c.secondary for c in candidates):
+            return 0.0
+        # A rank the executor already marked failed has an exit report on its way here too.
+        ended = (WorkerState.SUCCEEDED, WorkerState.STOPPED)
+        if {w.rank for w in job.workers if w.state not in ended} <= reporters:
+            return 0.0
+        waited = now() - min(c.observed_at for c in candidates)
+        limit = self.settings.root_cause_wait_s
+        return min(max(limit - waited, 0.0), limit)
 
     async def stepped_on(self, cause: Candidate) -> bool:
         """A rank found silent inside a collective, while the job completed a later step: it

@@ -8,7 +8,9 @@ reattempt → restart → reconfigure (docs/design.md §3). Advisory
 failures (a straggler) are published but leave the job running. A failure of a generation an
 admin's drill targeted carries the drill's fault id in ``evidence["drill"]``.
 A failure of the job's own code (``software_other``) fails the job once it happened more than
-``max_restarts`` times; a worker that could not be started at all fails it at once.
+``max_restarts`` times, and never escalates: the same code fails the same way on any node, so
+moving the job (and counting it against a node) would not help. A worker that could not be
+started at all fails it at once.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from unicron.shared.contracts.events import FailureDetected, JobStateChanged
 from unicron.shared.contracts.models import Job, JobState
 from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.contracts.taxonomy import (
-    FailureCategory,
     RecoveryAction,
     Severity,
     escalate,
     severity_of,
+    users_code,
 )
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
@@ -48,7 +50,7 @@ def _gives_up(job: Job, failure: FailureDetected, launch_failed: bool) -> str | 
     where = f"rank {failure.rank} on {failure.node_id}"
     if launch_failed:
         return f"{where} cannot start: {failure.message}"
-    if failure.category != FailureCategory.SOFTWARE_OTHER:
+    if not users_code(failure.category):
         return None
     job.code_failures += 1
     if job.code_failures <= job.spec.max_restarts:
@@ -86,6 +88,7 @@ class FailureRecorder:
         )
         repeated = (
             action != RecoveryAction.REPORT
+            and not users_code(cause.category)
             and last is not None
             and not proven
             and last.generation == cause.generation - 1

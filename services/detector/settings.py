@@ -14,6 +14,9 @@ class DetectorSettings(CommonSettings):
     hang_grace_s: float = 0.5
     # Extra wait for the report of the rank whose peers parked after it broke their collective.
     park_grace_s: float = 2.0
+    # How long the ranks of a plain script may take to all exit or report, while only peer
+    # errors and unexplained exits are in (see liveness.Liveness).
+    root_cause_wait_s: float = 10.0
     # A failure of the generation that recovered from another within this window escalates,
     # unless that generation had trained this many steps since (its recovery worked).
     escalation_window_s: float = 300.0

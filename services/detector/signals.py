@@ -1,8 +1,11 @@
 """Turn one raw report (a worker exit, an in-band exception) into a failure candidate.
 
-A candidate says what was seen and how sure we are that it is the root cause: a rank killed by a
-signal is a root cause; a connection error in a collective is usually what a peer's death looks
-like from the survivors, so it waits for a better explanation (see :mod:`correlate`).
+A candidate says what was seen and how sure we are that it is the root cause: a rank killed from
+outside (SIGKILL) is a root cause; a connection error in a collective is usually what a peer's
+death looks like from the survivors, so it waits for a better explanation (see :mod:`correlate`).
+So does the way a process dies of an error it may have explained itself, in a report that can
+arrive after its exit: an exit with code 1 (an uncaught Python exception) or a signal the process
+raised on itself (SIGABRT, SIGSEGV: torch can abort in teardown after the script's exception).
 """
 
 from __future__ import annotations
@@ -12,7 +15,12 @@ from typing import Any
 
 from unicron.shared.contracts.identity import WorkerKey
 from unicron.shared.contracts.reports import WorkerException, WorkerExited, WorkerHung
-from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
+from unicron.shared.contracts.taxonomy import (
+    CODE_SIGNALS,
+    FailureCategory,
+    FailureKind,
+    signal_death,
+)
 
 # Categories that survivors of a peer's death report; never preferred over a real cause.
 SECONDARY_CATEGORIES = frozenset(
@@ -72,13 +80,26 @@ class Candidate:
 
     @property
     def secondary(self) -> bool:
-        """Likely an effect of another rank's fault rather than a cause."""
+        """Not surely a root cause: likely an effect of another rank's fault, or an exit its own
+        process may have explained in a report still on its way."""
         if self.kind == FailureKind.HANG:
             # Peers of a rank that hangs in its compute wait for it in the collective.
             return self.evidence.get("phase") == "collective" and not self.stopped
-        return self.category in SECONDARY_CATEGORIES or (
-            self.kind == FailureKind.EXIT and self.evidence.get("exit_code") == 1
-        )
+        if self.kind == FailureKind.EXIT:
+            return self.evidence.get("exit_code") == 1
+        if self.kind == FailureKind.CRASH:
+            return self.evidence.get("signal") in CODE_SIGNALS
+        return self.peer_error
+
+    @property
+    def peer_error(self) -> bool:
+        """A connection or collective error: what a rank sees of another's fault."""
+        return self.category in SECONDARY_CATEGORIES
+
+    @property
+    def explainable(self) -> bool:
+        """An exit the exception its own process reported may explain (see ``root_cause``)."""
+        return self.kind in (FailureKind.EXIT, FailureKind.CRASH) and self.secondary
 
     @property
     def stopped(self) -> bool:
@@ -96,26 +117,38 @@ class Candidate:
         return self.lives_on or (self.kind == FailureKind.HANG and self.secondary)
 
     @property
+    def tier(self) -> int:
+        """How well this explains a fault: surely a cause, then an exit or a signal of the rank
+        itself, then a peer error, then a rank that only waits on its peers."""
+        if not self.secondary:
+            return 3
+        if self.waiting:
+            # Explains nothing another report explains: even an exit with code 1 (which alone
+            # looks secondary too) names the rank they wait for.
+            return 0
+        # What a rank saw of another's failure: any exit, exception or signal of another rank
+        # explains it, never the reverse.
+        return 1 if self.peer_error else 2
+
+    @property
     def priority(self) -> tuple[int, int, float]:
-        # A rank that waits on its peers explains nothing another report explains: even an
-        # exit with code 1 (which alone looks secondary too) names the rank they wait for.
-        tier = 2 if not self.secondary else 0 if self.waiting else 1
-        return (tier, _KIND_RANK[self.kind], -self.observed_at)
+        return (self.tier, _KIND_RANK[self.kind], -self.observed_at)
 
 
 def from_exit(report: WorkerExited) -> Candidate | None:
     """A non-zero exit the agent did not cause; None for clean or agent-requested exits."""
     if report.stopped_by_agent or report.exit_code == 0:
         return None
-    crashed = report.signal is not None
-    return Candidate.of(
-        report.node_id,
-        report.key,
-        FailureKind.CRASH if crashed else FailureKind.EXIT,
-        FailureCategory.EXITED_ABNORMALLY,
-        report.at,
-        {"pid": report.pid, "exit_code": report.exit_code, "signal": report.signal},
-    )
+    evidence: dict[str, Any] = {
+        "pid": report.pid, "exit_code": report.exit_code, "signal": report.signal,
+    }  # fmt: skip
+    if report.signal is None:
+        kind, category = FailureKind.EXIT, FailureCategory.EXITED_ABNORMALLY
+    else:
+        death = signal_death(report.signal)
+        kind, category = FailureKind.CRASH, death.category
+        evidence |= {"exc_type": death.name, "message": death.message}
+    return Candidate.of(report.node_id, report.key, kind, category, report.at, evidence)
 
 
 def from_exception(report: WorkerException) -> Candidate:
@@ -157,4 +190,14 @@ def from_hang(report: WorkerHung) -> Candidate:
 
 
 def root_cause(candidates: list[Candidate]) -> Candidate:
-    return max(candidates, key=lambda c: c.priority)
+    """The candidate that best explains the others. A rank's exit that the exception its own
+    process reported explains gives way to it: a survivor that died of SIGABRT after a peer
+    error is that peer error, a script that raised and then aborted in teardown its exception.
+    A parked rank's report said it lives on: its later exit is news, not explained by it."""
+    told = {_process(c) for c in candidates if c.kind == FailureKind.EXCEPTION and not c.lives_on}
+    own = [c for c in candidates if not (c.explainable and _process(c) in told)]
+    return max(own, key=lambda c: c.priority)
+
+
+def _process(candidate: Candidate) -> tuple[str | None, int | None, object]:
+    return candidate.node_id, candidate.rank, candidate.evidence.get("pid")

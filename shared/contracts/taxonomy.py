@@ -8,6 +8,8 @@ answers each action, and which plan action carries it out, is the map of
 
 from __future__ import annotations
 
+import signal
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -100,3 +102,43 @@ def escalate(previous: RecoveryAction, current: RecoveryAction) -> tuple[Severit
 
 def severity_of(category: FailureCategory) -> tuple[Severity, RecoveryAction]:
     return SEVERITY_TABLE[category]
+
+
+def users_code(category: FailureCategory) -> bool:
+    """A failure of the job's own code: it counts toward ``max_restarts``, never against a node,
+    and never escalates (the same code fails the same way on any node)."""
+    return category == FailureCategory.SOFTWARE_OTHER
+
+
+# Signals a process raises on itself for a fault in its own code (a bad pointer, abort() on an
+# uncaught C++ exception, a bad instruction or division). Any other came from outside the job:
+# SIGKILL from the OOM killer or an operator, SIGTERM from a scheduler.
+CODE_SIGNALS: dict[int, str] = {
+    signal.SIGSEGV: "a segmentation fault",
+    signal.SIGABRT: "an abort",
+    signal.SIGBUS: "a bus error",
+    signal.SIGFPE: "an arithmetic fault",
+    signal.SIGILL: "an illegal instruction",
+}
+_OUTSIDE: dict[int, str] = {signal.SIGKILL: "the OOM killer or an operator"}
+
+
+@dataclass(frozen=True)
+class SignalDeath:
+    """What a worker killed by a signal is reported as: the signal's name and a sentence."""
+
+    name: str
+    category: FailureCategory
+    message: str
+
+
+def signal_death(signum: int) -> SignalDeath:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if signum in CODE_SIGNALS:
+        why = f"{CODE_SIGNALS[signum]} in the job's code"
+        return SignalDeath(name, FailureCategory.SOFTWARE_OTHER, f"killed by {name} ({why})")
+    why = _OUTSIDE.get(signum, "from outside the job")
+    return SignalDeath(name, FailureCategory.EXITED_ABNORMALLY, f"killed by {name} ({why})")

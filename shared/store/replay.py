@@ -33,7 +33,7 @@ from unicron.shared.contracts.events import (
     TransitionStarted,
 )
 from unicron.shared.contracts.models import HistoryEntry, Job, JobState, NodeState, PlanAction
-from unicron.shared.contracts.taxonomy import FailureCategory, RecoveryAction
+from unicron.shared.contracts.taxonomy import RecoveryAction, users_code
 from unicron.shared.contracts.transitions import TransitionMode
 
 
@@ -176,7 +176,7 @@ def _failure(job: Job, data: FailureDetected) -> None:
     if job.last_failure is not None and job.last_failure.generation == data.generation:
         return  # the detector records one failure per generation: the first
     job.last_failure = data.record(job.step)
-    if data.category == FailureCategory.SOFTWARE_OTHER:
+    if users_code(data.category):
         job.code_failures += 1
 
 

@@ -78,9 +78,20 @@ async def test_an_entrypoint_runs_in_its_dir_with_torchruns_environment(
         "UNICRON_JOB_ID": "job-e",
         "UNICRON_CHECKPOINT_DIR": "/tmp/ckpt/job-e",
         "UNICRON_AGENT_SOCKET": str(supervisor.socket_path),
+        "OMP_NUM_THREADS": "1",  # two ranks share the node, as torchrun would set it
     }
     assert {k: env.get(k) for k in expected} == expected
     assert json.loads(env["UNICRON_WORKER_LAUNCH"])["rank"] == 3
+
+
+async def test_a_job_s_own_omp_num_threads_is_kept(
+    supervisor: Supervisor, sink: RecordingSink, tmp_path: Path
+) -> None:
+    dump = "import os; open('omp', 'w').write(os.environ['OMP_NUM_THREADS'])"
+    start = plain_start("job-o", python(dump), tmp_path, OMP_NUM_THREADS="4")
+    await supervisor.start_worker(*start)
+    assert (await sink.next(WorkerExited)).exit_code == 0
+    assert (tmp_path / "omp").read_text() == "4"
 
 
 async def test_an_nccl_error_written_to_stderr_is_classified(

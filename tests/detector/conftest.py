@@ -135,14 +135,20 @@ class Cluster:
             await asyncio.sleep(0.2)
 
     async def add_job(
-        self, job_id: str, placement: Iterable[str], generation: int = 1, **fields: object
+        self,
+        job_id: str,
+        placement: Iterable[str],
+        generation: int = 1,
+        spec: JobSpec | None = None,
+        **fields: object,
     ) -> Job:
         workers = [
             WorkerRecord(rank=r, node_id=n, pid=1000 + r, state=WorkerState.RUNNING)
             for r, n in enumerate(placement)
         ]
+        spec = spec or JobSpec(name=job_id)
         job = Job(
-            id=job_id, name=job_id, spec=JobSpec(name=job_id), state=JobState.RUNNING,
+            id=job_id, name=job_id, spec=spec, state=JobState.RUNNING,
             generation=generation, world_size=len(workers), workers=workers, **fields,
         )  # fmt: skip
         await self.state.create_job(job)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 from unicron.cli.stack import Stack, StackConfig
 from unicron.shared.procs import free_port
 
@@ -65,3 +67,26 @@ def wait_terminal(api: httpx.Client, job_id: str, timeout_s: float = 120.0) -> d
             timeout_s,
         )
     )
+
+
+def failures_of(api: httpx.Client, job_id: str) -> list[dict[str, Any]]:
+    """Every ``failure.detected`` of the job in the event history."""
+    response = api.get("/v1/events", params={"follow": "false"}, timeout=30)
+    assert response.status_code == 200, response.text
+    events = [
+        json.loads(line.removeprefix("data: "))
+        for line in response.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    return [
+        e["data"]
+        for e in events
+        if e["type"] == "failure.detected" and e["data"].get("job_id") == job_id
+    ]
+
+
+def assert_no_node_blamed(api: httpx.Client, redis_url: str) -> None:
+    """Nothing counted towards a node's quarantine, and every node is still READY."""
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.keys("unicron:node_failures:*") == []
+    assert {n["state"] for n in api.get("/v1/nodes").json()} == {"READY"}

@@ -109,7 +109,9 @@ def test_a_torchrun_ddp_script_survives_a_killed_rank(
     job = wait_terminal(api, job_id, timeout_s=150)
     assert job["state"] == "SUCCEEDED", job["history"]
     assert job["recoveries"] >= 1
-    assert job["last_failure"]["kind"] == "crash" and job["last_failure"]["rank"] == 1
+    failure = job["last_failure"]
+    assert (failure["kind"], failure["rank"], failure["exc_type"]) == ("crash", 1, "SIGKILL")
+    assert failure["category"] == "exited_abnormally" and job["code_failures"] == 0
     starts = [line for line in lines(progress) if line.startswith("start")]
     assert starts[0] == "start 0 world 2"
     assert len(starts) >= 2 and not starts[-1].startswith("start 0 ")  # resumed from its own
