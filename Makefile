@@ -4,6 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+FRAMEWORKS := $(VENV)/.installed-frameworks
 TORCH := torch==2.13.0
 
 .PHONY: demo test test-multihost test-slow test-all lint imports view bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos up clean
@@ -17,6 +18,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]' $(TORCH)
 	touch $(STAMP)
 
+# The frameworks of examples/lightning and examples/hf_trainer (the `frameworks` extra), for the
+# slow suite only: `make test` does not pay for them. torch named again, to keep the CPU wheel.
+$(FRAMEWORKS): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,frameworks]' $(TORCH)
+	touch $(FRAMEWORKS)
+
 demo: $(STAMP)
 	$(BIN)/unicron demo
 
@@ -26,10 +33,10 @@ up: $(STAMP)
 test: imports
 	$(BIN)/pytest
 
-test-slow: $(STAMP)
+test-slow: $(FRAMEWORKS)
 	$(BIN)/pytest -m slow
 
-test-all: $(STAMP)
+test-all: $(FRAMEWORKS)
 	$(BIN)/pytest -m ''
 
 # The folders are mapped into `unicron` by the build (pyproject.toml, package-dir), which tools

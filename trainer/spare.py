@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import logging
 import os
 import runpy
 import socket
@@ -137,6 +138,7 @@ def run_script(script: ScriptLaunch) -> int:
     the spare loaded (torch, unicron) stay loaded: that is the time a spare saves."""
     os.environ.clear()
     os.environ.update(script.env)
+    _fresh_logging()
     if script.cwd is not None:
         os.chdir(script.cwd)
     args = script.argv[1:]
@@ -159,6 +161,16 @@ def run_script(script: ScriptLaunch) -> int:
         code = 0
     atexit._run_exitfuncs()  # the script's own, and unicron.train's flush of the last reports
     return code
+
+
+def _fresh_logging() -> None:
+    """Undo the spare's own ``logging.basicConfig``: a library that adds its handler only when
+    the root logger has none (Lightning) would otherwise print each line twice. The spare's
+    own lines go through structlog, which does not use these handlers."""
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":

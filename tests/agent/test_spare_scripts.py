@@ -6,6 +6,7 @@ fresh process would have had. A spare is tied to no trainer: the launch names wh
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -26,12 +27,14 @@ TOY_TRAINER = "tests.agent.toy_trainer"  # not the built-in GPT
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys
+    import json, logging, os, sys
     if sys.argv[1:] == ["--fail"]:
         raise ValueError("the script's own bug")
+    root = logging.getLogger()
     json.dump({"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
                "name": __name__, "rank": os.environ["RANK"], "mine": os.environ["MINE"],
-               "spare": os.environ.get("UNICRON_WORKER_SPARE")}, open("ran.json", "w"))
+               "spare": os.environ.get("UNICRON_WORKER_SPARE"),
+               "logging": [len(root.handlers), root.level]}, open("ran.json", "w"))
     """
 )
 
@@ -69,6 +72,7 @@ async def test_a_spare_runs_the_job_s_own_script_as_a_fresh_process_would(
     assert ran["argv"] == [str(workdir / "train.py"), "--lr", "0.1"]
     assert (ran["cwd"], ran["path0"], ran["name"]) == (str(workdir), str(workdir), "__main__")
     assert (ran["rank"], ran["mine"], ran["spare"]) == ("0", "1", None)
+    assert ran["logging"] == [0, logging.WARNING]  # no handler of the spare's own
 
 
 async def test_a_script_that_raises_in_a_spare_exits_1_with_its_traceback(
