@@ -50,17 +50,24 @@ def trial_of(
     )
 
 
-async def spares_ready(cluster: BenchCluster, timeout_s: float = 60.0) -> bool:
-    """Wait for steady state: every ready node has its warm spare again (agents replenish them
-    in the background after serving a start), as said by a heartbeat sent after this call (an
-    older one may predate the last start); False when that did not happen in time."""
+async def spares_ready(
+    cluster: BenchCluster, timeout_s: float = 60.0, per_node: int | None = 1
+) -> bool:
+    """Wait for steady state: every ready node has ``per_node`` (None: one per slot) warm spares
+    again (agents replenish them in the background after serving a start), as said by a
+    heartbeat sent after this call (an older one may predate the last start); False when that
+    did not happen in time."""
     since = time.time()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         nodes = (await cluster.api.get("/v1/nodes")).raise_for_status().json()
         ready = [n for n in nodes if n["state"] == "READY"]
         fresh = all(n["last_heartbeat"] > since for n in ready)
-        if ready and fresh and all(n.get("spares_ready", 0) >= 1 for n in ready):
+        if (
+            ready
+            and fresh
+            and all(n.get("spares_ready", 0) >= (per_node or n["slots"]) for n in ready)
+        ):
             return True
         await asyncio.sleep(0.1)
     return False

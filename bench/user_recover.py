@@ -60,9 +60,10 @@ async def plain_script_trials(cluster: BenchCluster, trials: int) -> Series:
         log = MarkerLog(markers)
         restart = 0  # TORCHELASTIC_RESTART_COUNT of the first generation
         for _ in range(trials):
-            # the steady state the API row also waits for: every node has its warm spare
-            if not await spares_ready(cluster):
-                series.notes.append("a node had no warm spare at the fault")
+            # steady state: a warm spare for each of a node's ranks (the default, one per slot),
+            # since every rank of the job restarts
+            if not await spares_ready(cluster, per_node=None):
+                series.notes.append("a node had fewer warm spares than slots at the fault")
             trial, restart = await asyncio.to_thread(kill_trial, log, restart, "restart")
             series.trials.append(trial)
             progress(series)

@@ -61,8 +61,6 @@ class SpareSource(Protocol):
         self, key: WorkerKey, launch_for: LaunchFor, log_path: Path
     ) -> tuple[asyncio.subprocess.Process, int | None] | None: ...
 
-    def nudge(self) -> None: ...
-
 
 class Replier(Protocol):
     """Core-NATS request/reply, as the log server answers the API

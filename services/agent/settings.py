@@ -49,7 +49,9 @@ class AgentSettings(CommonSettings):
     )
     stop_wait_s: float = Field(5.0, gt=0, description="how long to wait for killed workers")
     spares: int | None = Field(
-        None, ge=0, description="warm spare workers to keep; default 1 when slots allow, 0: none"
+        None,
+        ge=0,
+        description="warm interpreters to keep (~0.4 GB RAM each, no GPU); default one per slot",
     )
     spare_module: str = Field(
         "unicron.trainer.spare",
@@ -89,7 +91,8 @@ class AgentSettings(CommonSettings):
     def spare_count(self) -> int:
         if self.spares is not None:
             return self.spares
-        return 1 if self.slots >= 1 else 0
+        # one per slot: every rank of a restarted plain-script generation starts warm
+        return self.slots
 
     @field_validator("node_id")
     @classmethod

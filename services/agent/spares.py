@@ -6,9 +6,11 @@ A spare is ``python -m unicron.trainer.spare`` (the agent's ``spare_module``) wi
 ``UNICRON_AGENT_SOCKET`` and ``UNICRON_WORKER_SPARE=1`` set; it connects to the agent's channel
 and waits for one ``SpareLaunch`` line, which names what to run: the job's registered trainer
 module or its own Python script or module, with its environment, run in the spare's own
-process. A spare is tied to no trainer, so any job's start can take one. The pool keeps
-``count`` of them; a ``StartWorker`` takes a connected one (the supervisor then watches it as
-the worker it became) and the pool starts another in the background. A spare that dies is
+process. A spare is tied to no trainer and no device, so any job's start can take one: it gets
+its slot (``CUDA_VISIBLE_DEVICES``) with the launch, before its script touches CUDA. The pool
+keeps ``count`` of them (by default one per slot, so every rank of a restarted generation can
+start warm); a ``StartWorker`` takes a connected one (the supervisor then watches it as the
+worker it became) and the pool starts another in the background. A spare that dies is
 replaced; one that dies before it ever connected counts as a failed start, and after
 ``MAX_FAILED_STARTS`` of those in a row (a spare module that cannot wait) the pool gives up, so
 every start falls back to spawning. Spares are never workers: they hold no rank, are not in the
@@ -49,7 +51,6 @@ MAX_FAILED_STARTS = 3
 class Spare:
     key: WorkerKey
     proc: asyncio.subprocess.Process
-    slot: int | None
     log_path: Path
     connected: bool = False
     taken: bool = False
@@ -77,7 +78,7 @@ class SparePool:
         self.argv = argv
         self.socket_path = socket_path
         self.data_dir = data_dir
-        self.slots = slots  # the node's devices, shared with the supervisor's workers
+        self.slots = slots  # the node's devices: a spare takes one with its launch
         self.channel = channel
         self.served = 0
         self.failed_starts = 0
@@ -137,29 +138,36 @@ class SparePool:
         if not self.enabled:
             return None
         for spare in self.ready():
-            launch = launch_for(spare.slot)
+            slot = self.slots.acquire()
+            launch = launch_for(slot)
             if launch is None:
+                self.slots.release(slot)
                 return None
             spare.taken = True
             self._not_before = time.monotonic() + self.delay_s
             self._wake.set()  # start the next spare soon
             if not self._full_priority(spare):
-                kill_group(spare.proc.pid)
+                self._discard(spare, slot)
                 continue
             # Adopted first: the worker it becomes may report before the send returns, and
             # those reports must already read as the job's, not the spare's.
             self.channel.adopt(spare.key, key)
             if not await self.channel.send_to_worker(spare.key, launch):
                 log.warning("spare did not take its launch; killing it", pid=spare.proc.pid)
-                kill_group(spare.proc.pid)
+                self._discard(spare, slot)
                 continue
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(OSError):  # the open descriptor follows the rename
                 os.replace(spare.log_path, log_path)
             self.served += 1
             log.info("start served by a spare", job=key.job_id, rank=key.rank, pid=spare.proc.pid)
-            return spare.proc, spare.slot
+            return spare.proc, slot
         return None
+
+    def _discard(self, spare: Spare, slot: int | None) -> None:
+        """A taken spare that will not become the worker: kill it, give its slot back."""
+        kill_group(spare.proc.pid)
+        self.slots.release(slot)
 
     def _full_priority(self, spare: Spare) -> bool:
         """Put every thread of the spare back at niceness 0 before it becomes a worker."""
@@ -177,7 +185,7 @@ class SparePool:
         """Keep ``count`` spares waiting; wakes when one is taken or dies."""
         while True:
             self._wake.clear()
-            while self.enabled and len(self.waiting()) < self.count and self._device_free():
+            while self.enabled and len(self.waiting()) < self.count:
                 pause = self._not_before - time.monotonic()
                 if pause > 0:
                     await asyncio.sleep(pause)
@@ -189,47 +197,31 @@ class SparePool:
                     self.failed_starts += 1
             await self._wake.wait()
 
-    def nudge(self) -> None:
-        """A worker gave its device back: a spare may fit now."""
-        self._wake.set()
-
-    def _device_free(self) -> bool:
-        """On a node with GPUs a spare needs a device of its own (it keeps it as a worker)."""
-        pool = self.slots
-        return not pool.devices or pool.free() > 0
-
     async def _spawn(self) -> None:
-        pool = self.slots
-        slot = pool.acquire()
         index = next(self._ids)
         key = WorkerKey(SPARE_JOB, 0, index)
         path = self.data_dir / "logs" / "spares" / f"spare-{os.getpid()}-{index}.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **without_credentials(os.environ),  # a spare becomes the user's code: no logins
-            **pool.env(slot),
             # marked as a spare: how a scan of /proc tells one from a worker (bench/chaos_procs)
             **WorkerEnv(agent_socket=str(self.socket_path), spare=True).to_environ(),
         }
         env.pop(env_name("launch"), None)
-        try:
-            with path.open("ab") as out:
-                proc = await asyncio.create_subprocess_exec(
-                    *self.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=_preexec(self.nice),
-                )
-        except BaseException:
-            pool.release(slot)
-            raise
-        spare = Spare(key, proc, slot, path)
+        with path.open("ab") as out:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_preexec(self.nice),
+            )
+        spare = Spare(key, proc, path)
         self._spares[index] = spare
         spare.waiter = asyncio.create_task(self._watch(spare), name=f"spare-{index}")
-        log.info("spare started", pid=proc.pid, slot=slot)
+        log.info("spare started", pid=proc.pid)
 
     async def _watch(self, spare: Spare) -> None:
         code = await spare.proc.wait()
@@ -237,7 +229,6 @@ class SparePool:
             self._spares.pop(spare.key.rank, None)
             return  # the supervisor watches it as a worker now
         self._spares.pop(spare.key.rank, None)
-        self.slots.release(spare.slot)
         if self._closing:
             return
         if not spare.connected:

@@ -244,8 +244,6 @@ class Supervisor:
         """Report the exit the moment the process is reaped."""
         code = await worker.proc.wait()
         self.slots.release(worker.slot)
-        if self.spares is not None and worker.slot is not None:
-            self.spares.nudge()
         exit_code, sig = (None, -code) if code < 0 else (code, None)
         who = worker.current  # a worker that re-formed in place exits under its new identity
         if code != 0 and not worker.stopping:

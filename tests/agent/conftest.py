@@ -158,10 +158,15 @@ async def supervisor(
 
 @contextlib.asynccontextmanager
 async def spare_pool(
-    argv: list[str], supervisor: Supervisor, channel: WorkerChannel, data_dir: Path
+    argv: list[str],
+    supervisor: Supervisor,
+    channel: WorkerChannel,
+    data_dir: Path,
+    count: int = 1,
 ) -> AsyncIterator[SparePool]:
-    """One warm spare of ``argv``, wired to the supervisor and channel as the agent wires it."""
-    pool = SparePool(1, argv, channel.path, data_dir, supervisor.slots, channel)
+    """``count`` warm spares of ``argv``, wired to the supervisor and channel as the agent
+    wires them."""
+    pool = SparePool(count, argv, channel.path, data_dir, supervisor.slots, channel)
     supervisor.spares = pool
     channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
     pool.start()

@@ -88,6 +88,42 @@ async def test_a_script_that_raises_in_a_spare_exits_1_with_its_traceback(
     assert "ValueError: the script's own bug" in log
 
 
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, os, time
+    json.dump({"devices": os.environ.get("CUDA_VISIBLE_DEVICES")},
+              open(f"rank{os.environ['RANK']}.json", "w"))
+    deadline = time.monotonic() + 30
+    while not os.path.exists("go") and time.monotonic() < deadline:  # hold the slot till told
+        time.sleep(0.01)
+    """
+)
+
+
+async def test_every_rank_of_a_script_starts_warm_on_its_slot_s_device(
+    supervisor: Supervisor, channel: WorkerChannel, sink: RecordingSink, tmp_path: Path
+) -> None:
+    """A spare per slot, none holding a device while it waits: a restarted plain-script
+    generation takes one for each rank, and each gets its slot's device with the launch."""
+    supervisor.slots.use(["3", "5"])  # two GPUs, as far as the slots know
+    (tmp_path / "train.py").write_text(RANK_SCRIPT)
+    async with spare_pool(REAL_SPARE, supervisor, channel, tmp_path, count=2) as pool:
+        await until(lambda: len(pool.ready()) == 2, within=120)
+        assert supervisor.slots.free() == 2  # warm interpreters hold no device
+        for rank in (0, 1):
+            cmd, ctx = start_cmd("job-u", "user", rank=rank, entrypoint=["python", "train.py"])
+            ctx = JobContext(ctx.spec, ctx.checkpoint_dir, 0, tmp_path, ("127.0.0.1", 29511))
+            await supervisor.start_worker(cmd, ctx)
+        assert pool.served == 2 and all(w.spare for w in supervisor.live())
+        assert supervisor.slots.free() == 0
+        (tmp_path / "go").touch()
+        for _ in range(2):
+            assert (await sink.next(WorkerExited, within=30)).exit_code == 0
+    ran = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(r["devices"] for r in ran) == ["3", "5"]
+    assert supervisor.slots.free() == 2
+
+
 def toy_start(tmp_path: Path, registered: bool) -> Start:
     """A job on the toy trainer: the module this node registered for the job's trainer, or the
     job's own ``python -m`` entrypoint."""
