@@ -12,8 +12,11 @@ bus message.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -143,3 +146,26 @@ def spare_can_run(argv: list[str]) -> bool:
     if argv[1] == "-m":
         return len(argv) > 2
     return not argv[1].startswith("-")  # interpreter flags change what a fresh process is
+
+
+async def spawn_logged(
+    argv: list[str],
+    env: dict[str, str],
+    log: Path,
+    preexec: Callable[[], None],
+    cwd: Path | None = None,
+) -> asyncio.subprocess.Process:
+    """Start a worker or a spare in its own session, its stdout and stderr appended to ``log``
+    (the child keeps its own copy of the descriptor)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=preexec,
+        )

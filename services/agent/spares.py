@@ -24,7 +24,6 @@ import contextlib
 import itertools
 import os
 import resource
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from unicron.services.agent.api import LaunchFor, WorkerLink
 from unicron.services.agent.gpus import SlotPool
+from unicron.services.agent.launch import spawn_logged
 from unicron.services.agent.workers import kill_group
 from unicron.shared.contracts.identity import WorkerKey
 from unicron.shared.contracts.workerchannel import WorkerEnv, env_name
@@ -201,23 +201,13 @@ class SparePool:
         index = next(self._ids)
         key = WorkerKey(SPARE_JOB, 0, index)
         path = self.data_dir / "logs" / "spares" / f"spare-{os.getpid()}-{index}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **without_credentials(os.environ),  # a spare becomes the user's code: no logins
             # marked as a spare: how a scan of /proc tells one from a worker (bench/chaos_procs)
             **WorkerEnv(agent_socket=str(self.socket_path), spare=True).to_environ(),
         }
         env.pop(env_name("launch"), None)
-        with path.open("ab") as out:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_preexec(self.nice),
-            )
+        proc = await spawn_logged(self.argv, env, path, _preexec(self.nice))
         spare = Spare(key, proc, path)
         self._spares[index] = spare
         spare.waiter = asyncio.create_task(self._watch(spare), name=f"spare-{index}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 from pathlib import Path
 
 from unicron.services.agent.api import Report, Sink, SpareSource
@@ -25,6 +24,7 @@ from unicron.services.agent.launch import (
     JobContext,
     process_launch,
     spare_can_run,
+    spawn_logged,
     worker_launch,
 )
 from unicron.services.agent.registry import EntrypointRegistry
@@ -212,20 +212,8 @@ class Supervisor:
             cmd, ctx, node_id=self.node_id, socket=self.socket_path, registry=self.registry,
             slot_env=self.slots.env(slot), error_file=self.error_path(key),
         )  # fmt: skip
-        path = self.log_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with path.open("ab") as out:  # the child keeps its own copy of the descriptor
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=cwd,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent,
-                )
+            proc = await spawn_logged(argv, env, self.log_path(key), die_with_parent, cwd)
         except OSError as exc:
             self.slots.release(slot)
             if not cannot_execute(exc):
