@@ -94,7 +94,7 @@ class Agent:
         )
         self.supervisor = Supervisor(
             self.node_id, settings.data_dir, registry, socket_path, self.outbox,
-            self.slots, self.spares,
+            self.slots, self.spares, self.channel.drained,
         )  # fmt: skip
         self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
         self.masters = MasterStores(self.host, self.store.bind_host, ports)

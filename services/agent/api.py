@@ -27,6 +27,9 @@ Identify = Callable[[int], WorkerKey | None]
 Advance = Callable[[WorkerKey, int], None]
 # A report read from the channel, with the launch key of the worker that sent it (if known).
 Observe = Callable[[WorkerKey | None, Report], None]
+# Wait, at most the given seconds, until every connection of the exited process (pid) is read
+# to its end: its last reports land before its exit report.
+Drained = Callable[[int, float], Awaitable[None]]
 # The launch for a spare on a given slot; None when a spare cannot run it.
 LaunchFor = Callable[[int | None], SpareLaunch | None]
 # A core-NATS request's payload to the reply's.

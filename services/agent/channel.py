@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import socket
 import struct
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -35,15 +37,17 @@ from unicron.shared.logging import get_logger
 
 MAX_LINE = 1 << 20  # a report is a few hundred bytes; anything near this is garbage
 SEND_TIMEOUT_S = 1.0
+DRAIN_POLL_S = 0.002
 # the agent's own reports about a worker; a worker sending one would be forging it
 AGENT_ONLY = (WorkerStarted, WorkerExited, WorkerHung)
 log = get_logger(component="channel")
 
 
 class _Conn:
-    def __init__(self, writer: asyncio.StreamWriter, launched: WorkerKey | None) -> None:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        self.launched = launched  # the worker the supervisor started with this pid, if any
+        self.pid = peer_pid(writer)
+        self.launched: WorkerKey | None = None  # the worker the supervisor started with this pid
         self.keys: set[WorkerKey] = set()
 
 
@@ -99,6 +103,23 @@ class WorkerChannel:
     def connected(self, key: WorkerKey) -> bool:
         return key in self._by_key
 
+    async def drained(self, pid: int, within: float) -> None:
+        """Return once every connection process ``pid`` made, even one not yet accepted, has
+        been read to its end, or after ``within`` seconds (a child it forked may hold one
+        open). Awaited when it exited, so its last reports land before its exit report."""
+        deadline = time.monotonic() + within
+        while self._backlog() or any(c.pid == pid for c in self._conns):
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    def _backlog(self) -> bool:
+        """Whether a connection waits in the listening socket's queue."""
+        if self._server is None or not self._server.sockets:
+            return False
+        readable, _, _ = select.select([self._server.sockets[0].fileno()], [], [], 0)
+        return bool(readable)
+
     def launched_as(self, key: WorkerKey) -> WorkerKey | None:
         """The launch key of the connected worker that speaks for ``key``, if the agent
         launched it (it may have re-formed in place under another generation or rank)."""
@@ -127,8 +148,8 @@ class WorkerChannel:
         return True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        pid = peer_pid(writer)
-        conn = _Conn(writer, self.identify(pid) if pid is not None else None)
+        conn = _Conn(writer)
+        conn.launched = self.identify(conn.pid) if conn.pid is not None else None
         self._conns.add(conn)
         if conn.launched is not None:
             self._bind(conn, conn.launched)

@@ -2,7 +2,8 @@
 
 A worker is one rank of one generation of a job: the process :mod:`unicron.services.agent.launch`
 describes (the reference trainer, or the job's own entrypoint). Each worker has a task blocked
-in ``proc.wait()``, so its exit is reported the moment the kernel reaps it, not at a poll.
+in ``proc.wait()``, so its exit is reported the moment the kernel reaps it, not at a poll,
+once the channel has read what it sent last (its last steps come before its exit).
 Workers run in their own process group (a stop kills helpers they forked too) and get SIGKILL
 when the agent dies, so none outlives the agent. On a node with GPUs each worker gets a device
 of its own (``unicron.services.agent.gpus``). A worker that exits non-zero without having reported
@@ -17,7 +18,7 @@ import asyncio
 import re
 from pathlib import Path
 
-from unicron.services.agent.api import Report, Sink, SpareSource
+from unicron.services.agent.api import Drained, Report, Sink, SpareSource
 from unicron.services.agent.failures import cannot_execute, exit_exception, launch_failure
 from unicron.services.agent.gpus import SlotPool
 from unicron.services.agent.launch import (
@@ -55,6 +56,7 @@ class Supervisor:
         sink: Sink,
         slots: SlotPool | None = None,
         spares: SpareSource | None = None,
+        drained: Drained | None = None,
     ) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
@@ -64,6 +66,7 @@ class Supervisor:
         # the agent learns the node's devices only once it runs: it fills the pool in then
         self.slots = SlotPool() if slots is None else slots
         self.spares = spares  # warm spares that serve starts, when enabled
+        self.drained = drained
         self.closing = False
         self._workers: dict[WorkerKey, Worker] = {}
         self._stopped_below: dict[str, int] = {}  # job → generations below this were stopped
@@ -232,6 +235,8 @@ class Supervisor:
         """Report the exit the moment the process is reaped."""
         code = await worker.proc.wait()
         self.slots.release(worker.slot)
+        if self.drained is not None:  # the kernel closed its socket: reading it costs no wait
+            await self.drained(worker.proc.pid, CHANNEL_GRACE_S)
         exit_code, sig = (None, -code) if code < 0 else (code, None)
         who = worker.current  # a worker that re-formed in place exits under its new identity
         if code != 0 and not worker.stopping:
@@ -270,7 +275,6 @@ class Supervisor:
         report = exit_exception(self.node_id, worker.current, worker.proc.pid, files, signum)
         if report is None:
             return
-        await asyncio.sleep(CHANNEL_GRACE_S)  # let the channel read what the worker sent last
         if not worker.reported:
             self.sink.report(report)
 

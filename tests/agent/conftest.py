@@ -61,20 +61,6 @@ class RecordingSink:
                 if isinstance(report, cls):
                     return report
 
-    async def gather(self, *wanted: type[Report], within: float = 10.0) -> list[Report]:
-        """One report of each type in ``wanted`` (a type may repeat), whatever order they
-        arrive in, others skipped: a worker's last channel lines may land after its exit."""
-        need = list(wanted)
-        got: list[Report] = []
-        async with asyncio.timeout(within):
-            while need:
-                report = await self.reports.get()
-                match = next((cls for cls in need if isinstance(report, cls)), None)
-                if match is not None:
-                    need.remove(match)
-                    got.append(report)
-        return got
-
 
 def directives(log: Path) -> list[AnyWorkerDirective]:
     """The directives a fake worker logged as ``directive <line>``, in the order it got them."""
@@ -163,7 +149,7 @@ async def supervisor(
 ) -> AsyncIterator[Supervisor]:
     """A supervisor wired to a running channel, as the agent wires them."""
     registry = EntrypointRegistry({"gpt": FAKE_WORKER})
-    sup = Supervisor("n1", tmp_path, registry, channel.path, sink)
+    sup = Supervisor("n1", tmp_path, registry, channel.path, sink, drained=channel.drained)
     channel.identify = sup.identify
     channel.on_generation = sup.advance
     yield sup

@@ -5,6 +5,8 @@ gave it), connects to the agent's socket (``mute`` never does: it only sleeps un
 then acts on ``spec.name``:
 
 - ``exit-N`` sends ``spec.steps`` StepCompleted lines and exits with N;
+- ``burst`` waits for the file ``$BURST_GO``, then sends ``spec.steps`` lines on a connection
+  of its own and exits 0;
 - ``hang`` sends them and sleeps until killed;
 - ``echo`` sends nothing unasked but reads directives from the socket: a fault drill of kind
   ``exit`` makes it exit with its ``exit_code``, any other drill is answered with a
@@ -144,6 +146,14 @@ def main() -> int:
         sock.connect(launch["agent_socket"])
     if behaviour == "echo":
         return echo(sock, launch)
+    if behaviour == "burst":  # once $BURST_GO exists: every step on a new connection, then gone
+        while not os.path.exists(os.environ["BURST_GO"]):
+            time.sleep(0.01)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as late:
+            late.connect(launch["agent_socket"])
+            for s in range(launch["spec"]["steps"]):
+                send(late, step_line(launch, s))
+        return 0
     if behaviour.startswith("step-"):
         step(sock, launch, behaviour)
     elif behaviour != "mute":

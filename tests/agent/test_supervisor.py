@@ -18,6 +18,12 @@ from unicron.shared.contracts.workerchannel import WorkerLaunch
 from tests.agent.conftest import RecordingSink, start_cmd
 
 
+def block_until_gone(pid: int, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def drain(sink: RecordingSink) -> list[Report]:
     items = []
     while not sink.reports.empty():
@@ -62,6 +68,26 @@ async def test_duplicate_start_launches_nothing(
     assert kinds.count("worker_started") == 1
     assert drain(sink) == []
     assert len(supervisor.live()) == 0
+
+
+async def test_a_worker_s_last_reports_arrive_before_its_exit(
+    supervisor: Supervisor, sink: RecordingSink, tmp_path: Path
+) -> None:
+    """A worker reports its steps on a new connection and exits while the agent is busy: its
+    exit and its unread lines wait together, and a job whose exit overtook its last steps would
+    look short."""
+    go = tmp_path / "go"
+    await supervisor.start_worker(
+        *start_cmd("job-a", "burst", steps=200, env={"BURST_GO": str(go)})
+    )
+    pid = (await started(sink)).pid
+    go.touch()
+    block_until_gone(pid)  # the agent's loop is held: it sees the exit and the lines at once
+    kinds: list[str] = []
+    while "worker_exited" not in kinds:
+        kinds.append((await asyncio.wait_for(sink.reports.get(), 10)).kind)
+    assert kinds.count("step_completed") == 200
+    assert drain(sink) == []
 
 
 async def test_sigkill_is_reported_at_once(supervisor: Supervisor, sink: RecordingSink) -> None:
