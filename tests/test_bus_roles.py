@@ -31,6 +31,7 @@ from unicron.shared.servers.embedded import EmbeddedServer, start_nats
 
 from tests.secured import (
     AGENT_0,
+    AGENT_1,
     API,
     CREDENTIALS,
     DETECTOR,
@@ -57,7 +58,9 @@ def _stop(raw: bytes) -> StopWorkers:
     return StopWorkers.model_validate_json(raw)
 
 
-async def test_every_role_still_does_its_own_work(secured: EmbeddedServer, api: Bus) -> None:
+async def test_every_role_still_does_its_own_work(
+    secured: EmbeddedServer, api: Bus, tmp_path: Path
+) -> None:
     with capture_logs() as logs:
         async with (
             bus_of(secured, DETECTOR) as detector, bus_of(secured, PLANNER) as planner,
@@ -89,6 +92,7 @@ async def test_every_role_still_does_its_own_work(secured: EmbeddedServer, api: 
             await _answers(agent, detector, api)
             sha, _ = await put_package(api.js, b"the user's code")
             assert await get_package(agent.js, sha) == b"the user's code"
+            await _snapshots(agent, secured, tmp_path)
             await _replays(executor, api)
     refusals = [entry for entry in logs if entry["event"] == "nats refused a subject to this user"]
     assert refusals == []
@@ -117,6 +121,23 @@ async def _answers(agent: Bus, detector: Bus, api: Bus) -> None:
     await agent.nc.flush()  # the server knows the subscriptions before anyone asks
     assert (await detector.nc.request(ping_subject("node-0"), b"", timeout=5)).data == b"here"
     assert (await api.nc.request(logs_subject("node-0"), b"{}", timeout=5)).data == b"here"
+
+
+async def _snapshots(agent: Bus, secured: EmbeddedServer, tmp_path: Path) -> None:
+    """A script's checkpoint snapshot: one agent writes and replaces it, another reads it."""
+    tar = tmp_path / "snapshot.tar"
+    tar.write_bytes(b"a checkpoint directory")
+    mine = agent.checkpoint_objects()
+    await mine.put_file("job-1/1.tar", tar)
+    await mine.put_bytes("job-1/manifest.json", b"first")
+    await mine.put_bytes("job-1/manifest.json", b"second")  # a put that replaces purges
+    async with bus_of(secured, AGENT_1) as other:
+        theirs = other.checkpoint_objects()
+        assert await theirs.get_bytes("job-1/manifest.json") == b"second"
+        assert await theirs.get_file("job-1/1.tar", tmp_path / "fetched.tar")
+        assert (tmp_path / "fetched.tar").read_bytes() == b"a checkpoint directory"
+        await theirs.delete("job-1/1.tar")
+    assert await mine.get_bytes("job-1/1.tar") is None
 
 
 async def _replays(executor: Bus, api: Bus) -> None:

@@ -27,12 +27,14 @@ from unicron.services.agent.hang import HangWatch
 from unicron.services.agent.heartbeat import NodeRegistration
 from unicron.services.agent.logs import LogServer
 from unicron.services.agent.master import MasterStores
+from unicron.services.agent.mirror import CheckpointMirror
 from unicron.services.agent.outbox import Outbox, Report
 from unicron.services.agent.packages import PackageDirs
 from unicron.services.agent.prepare import LaunchRefusedError, StartPreparer
 from unicron.services.agent.registry import build_registry
 from unicron.services.agent.regroup import Regrouper
 from unicron.services.agent.settings import AgentSettings
+from unicron.services.agent.snapshots import snapshot_store
 from unicron.services.agent.spares import SparePool
 from unicron.services.agent.store import RendezvousStore, StorePortsExhaustedError
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
@@ -99,9 +101,15 @@ class Agent:
         self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
         self.masters = MasterStores(self.host, self.store.bind_host, ports)
         packages = PackageDirs(bus, settings.data_dir)
-        self.preparer = StartPreparer(
-            state, packages, self.masters, settings.data_dir / "checkpoints"
-        )
+        checkpoints = (settings.data_dir / "checkpoints").absolute()
+        url = settings.checkpoint_url
+        self.mirror = CheckpointMirror(
+            snapshot_store(url, bus.checkpoint_objects), checkpoints, self.node_id,
+            self.supervisor.live, self._job_over, settings.checkpoint_mirror_s,
+            None if url else settings.checkpoint_mirror_max_bytes,
+        )  # fmt: skip
+        restore = self.mirror.restore if settings.checkpoint_mirror_s > 0 else None
+        self.preparer = StartPreparer(state, packages, self.masters, checkpoints, restore)
         self.faults = FaultInjector(self.channel, self.supervisor)
         self.logs = LogServer.of(self.supervisor)
         self.regroups = Regrouper(self.channel, self.supervisor, on_regroup=self._regrouped)
@@ -129,6 +137,8 @@ class Agent:
             self.spares.start()
             self._tasks.append(asyncio.create_task(self.hangs.run(), name="hang-watch"))
             self._tasks.append(asyncio.create_task(self.fence.run(), name="fence"))
+            if self.settings.checkpoint_mirror_s > 0:
+                self._tasks.append(asyncio.create_task(self.mirror.run(), name="mirror"))
             await self._register_first()
             # The detector pings agents to tell a dead node from a network error.
             await self.bus.serve(ping_subject(self.node_id), self._pong)
@@ -174,6 +184,10 @@ class Agent:
         await self.outbox.close()  # lets the workers' exit reports go out first
         self.masters.close_all()
         self.store.close()
+
+    async def _job_over(self, job_id: str) -> bool:
+        job = await self.state.get_job(job_id)
+        return job is None or job.state.terminal
 
     def _regrouped(self, worker: Worker) -> None:
         self.hangs.regrouped(worker)

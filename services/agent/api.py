@@ -76,3 +76,19 @@ class PackageSource(Protocol):
     """Where job packages come from (``unicron.shared.bus.bus.Bus``, from its object store)."""
 
     async def package(self, sha256: str) -> bytes: ...
+
+
+class SnapshotStore(Protocol):
+    """Where scripts' checkpoint snapshots are kept (``unicron.services.agent.snapshots``):
+    objects by name, each written whole or not at all. A read of a missing object is None or
+    False; any other failure raises."""
+
+    async def put_file(self, name: str, path: Path) -> None: ...
+
+    async def put_bytes(self, name: str, data: bytes) -> None: ...
+
+    async def get_bytes(self, name: str) -> bytes | None: ...
+
+    async def get_file(self, name: str, path: Path) -> bool: ...
+
+    async def delete(self, name: str) -> None: ...

@@ -17,6 +17,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Literal
 
 from unicron.services.agent.api import PackageSource
 from unicron.shared.bus.packages import PackageError
@@ -34,25 +35,43 @@ def _confined(name: str) -> bool:
 
 def unpack(data: bytes, target: Path) -> None:
     """Unpack the tar.gz ``data`` into ``target`` (which must not exist yet), all or nothing."""
+    try:
+        unpack_tar(io.BytesIO(data), "r:gz", target)
+    except UnpackRefusedError as exc:
+        if exc.exists:
+            return  # another start of the job unpacked it first: theirs is as good
+        raise PackageError(f"package {exc}") from exc
+
+
+class UnpackRefusedError(RuntimeError):
+    """A tar that is not a confined tree of bounded size, or that could not be written."""
+
+    def __init__(self, message: str, exists: bool = False) -> None:
+        super().__init__(message)
+        self.exists = exists  # the target was there already
+
+
+def unpack_tar(source: BinaryIO, mode: Literal["r:gz", "r:"], target: Path) -> None:
+    """Unpack the tar read from ``source`` (``mode`` as tarfile's, ``r:gz`` or ``r:``) into
+    ``target``, which must not exist yet: into a temporary directory renamed into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        with tarfile.open(fileobj=source, mode=mode) as tar:
             members = tar.getmembers()
             if len(members) > MAX_MEMBERS:
-                raise PackageError(f"package has more than {MAX_MEMBERS} entries")
+                raise UnpackRefusedError(f"has more than {MAX_MEMBERS} entries")
             bad = next((m.name for m in members if not _confined(m.name)), None)
             if bad is not None:
-                raise PackageError(f"package entry {bad!r} would land outside its directory")
+                raise UnpackRefusedError(f"entry {bad!r} would land outside its directory")
             if sum(m.size for m in members) > MAX_UNPACKED_BYTES:
-                raise PackageError(f"package unpacks to more than {MAX_UNPACKED_BYTES} bytes")
+                raise UnpackRefusedError(f"unpacks to more than {MAX_UNPACKED_BYTES} bytes")
             tar.extractall(tmp, members=members, filter="data")
         os.rename(tmp, target)
     except (tarfile.TarError, EOFError, OSError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError) and target.is_dir():
-            return  # another start of the job unpacked it first: theirs is as good
-        raise PackageError(f"package cannot be unpacked: {exc}") from exc
+        exists = isinstance(exc, OSError) and target.is_dir()
+        raise UnpackRefusedError(f"cannot be unpacked: {exc}", exists) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

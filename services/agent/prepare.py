@@ -3,8 +3,10 @@
 A ``StartWorker`` only names a job and a seat. The agent reads the job from Redis (the record
 the API accepted), so nothing from the bus becomes a command line; a start for a job that is
 gone, over, or at another generation starts nothing. For an entrypoint job it then
-makes the working directory (an uploaded package is fetched and unpacked) and finds the
-generation's master store (:mod:`unicron.services.agent.master`).
+restores the newest snapshot of the job's checkpoint directory for its rank 0
+(:mod:`unicron.services.agent.mirror`), makes the working directory (an uploaded package is
+fetched and unpacked) and finds the generation's master store
+(:mod:`unicron.services.agent.master`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from unicron.services.agent.launch import JobContext
@@ -46,12 +49,18 @@ def checkpoint_dir(root: Path, job_id: str) -> Path:
 
 class StartPreparer:
     def __init__(
-        self, state: StateStore, packages: PackageDirs, masters: MasterStores, checkpoints: Path
+        self,
+        state: StateStore,
+        packages: PackageDirs,
+        masters: MasterStores,
+        checkpoints: Path,
+        restore: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         self.state = state
         self.packages = packages
         self.masters = masters
         self.checkpoints = checkpoints.absolute()  # workers may change directory
+        self.restore = restore  # the job's newest checkpoint snapshot, before its rank 0 starts
 
     async def prepare(self, cmd: StartWorker) -> JobContext | None:
         """The context of the start, or None when the start is stale. Raises
@@ -68,6 +77,8 @@ class StartPreparer:
         checkpoints = checkpoint_dir(self.checkpoints, job.id)
         if spec.entrypoint is None:
             return JobContext(spec, checkpoints, job.recoveries)
+        if cmd.rank == 0 and self.restore is not None:
+            await self.restore(job.id)  # unicron.services.agent.mirror
         with contextlib.suppress(OSError):  # the script's to make, where it may not be ours
             await asyncio.to_thread(checkpoints.mkdir, parents=True, exist_ok=True)
         cwd = Path(spec.working_dir) if spec.working_dir else None

@@ -61,6 +61,16 @@ class AgentSettings(CommonSettings):
     spare_delay_s: float = Field(
         2.0, ge=0, description="wait after a spare served a start before starting the next one"
     )
+    # a plain script's checkpoint directory follows its job (unicron.services.agent.mirror)
+    checkpoint_url: str | None = Field(
+        None, description="object storage for snapshots (any fsspec URL); default: the bus"
+    )
+    checkpoint_mirror_s: float = Field(
+        5.0, ge=0, description="how often rank 0's checkpoint directory is looked at; 0: never"
+    )
+    checkpoint_mirror_max_bytes: int = Field(
+        2 * 1024**3, gt=0, description="the largest snapshot sent over the bus (not to a URL)"
+    )
 
     # hang detection: no step for max(factor x mean, mean + margin) is a hang (docs/design.md §3)
     hang_factor: float = Field(3.0, gt=1.0, description="threshold in running-mean step times")

@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from unicron.shared.bus.api import EventBus
+from unicron.shared.bus.checkpoints import CheckpointObjects
 from unicron.shared.bus.delivery import PARSE_ERRORS, Delivery, consumer_config
 from unicron.shared.bus.natslogin import NatsAccess, open_client
 from unicron.shared.bus.packages import get_package, has_package, put_package
@@ -181,6 +182,10 @@ class Bus(EventBus):
         """A job package's bytes from the packages' object store
         (:mod:`unicron.shared.bus.packages`)."""
         return await get_package(self.js, sha256)
+
+    def checkpoint_objects(self) -> CheckpointObjects:
+        """Scripts' checkpoint snapshots (:mod:`unicron.shared.bus.checkpoints`)."""
+        return CheckpointObjects(self.js)
 
     async def has_package(self, sha256: str) -> bool:
         return await has_package(self.js, sha256)

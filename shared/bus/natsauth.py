@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from unicron.shared.bus.checkpoints import CHECKPOINTS_BUCKET
 from unicron.shared.bus.packages import PACKAGES_BUCKET
 from unicron.shared.bus.streams import COMMANDS_STREAM as COMMANDS
 from unicron.shared.bus.streams import EVENTS_STREAM as EVENTS
@@ -33,6 +34,7 @@ from unicron.shared.contracts.roles import ServiceRole, ServiceUser, agent_user
 
 # The stream behind the packages' object store.
 PACKAGES = f"OBJ_{PACKAGES_BUCKET}"
+CHECKPOINTS = f"OBJ_{CHECKPOINTS_BUCKET}"
 
 
 def inbox_prefix(user: str) -> str:
@@ -103,7 +105,13 @@ def _publishes(user: ServiceUser) -> list[str]:
     assert user.node_id is not None, "an agent user names its node"
     own_reports = f"{REPORT_SUBJECT_PREFIX}{user.node_id}.>"
     packages = _reads(PACKAGES)  # fetching a job's working dir; writing is the API's
-    return [own_reports, *_events(ev.NodeJoined), *_own_command_consumer(user.node_id), *packages]
+    # scripts' checkpoint snapshots: written and read by agents alone (services/agent/mirror.py);
+    # a put replaces an object's chunks by purging them
+    snapshots = [
+        *_reads(CHECKPOINTS), f"$O.{CHECKPOINTS_BUCKET}.>", f"$JS.API.STREAM.PURGE.{CHECKPOINTS}",
+    ]  # fmt: skip
+    own = [own_reports, *_events(ev.NodeJoined), *_own_command_consumer(user.node_id)]
+    return [*own, *packages, *snapshots]
 
 
 def permissions(user: ServiceUser) -> Permissions:

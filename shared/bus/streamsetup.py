@@ -1,4 +1,5 @@
-"""Creating the JetStream streams and the packages' bucket, on as many servers as configured.
+"""Creating the JetStream streams and the object stores (packages, scripts' checkpoints), on
+as many servers as configured.
 
 ``UNICRON_STREAM_REPLICAS`` says on how many servers each stream keeps its messages; 3 in a
 3-server cluster. When it is set, existing streams with another count are changed to it, with a
@@ -14,6 +15,7 @@ from __future__ import annotations
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StreamConfig
 from nats.js.errors import APIError, BadRequestError, BucketNotFoundError
+from unicron.shared.bus.checkpoints import CHECKPOINTS_BUCKET, checkpoints_config
 from unicron.shared.bus.packages import PACKAGES_BUCKET
 from unicron.shared.bus.streams import REPORTS_MAX_AGE_S, REPORTS_STREAM, STREAMS
 from unicron.shared.logging import get_logger
@@ -32,7 +34,7 @@ class StreamReplicasError(RuntimeError):
 
 
 async def ensure_streams(js: JetStreamContext, replicas: int | None) -> None:
-    """Create the streams and the packages' bucket, or bring existing ones to ``replicas``
+    """Create the streams and the buckets, or bring existing ones to ``replicas``
     (a single server's streams, now in a cluster, are scaled up); None: one replica for a new
     stream, an existing one keeps its count."""
     try:
@@ -48,7 +50,12 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None) -> None:
                     raise
                 config.num_replicas = await _replicas_for(js, name, replicas)
                 await js.update_stream(config)
-        await _ensure_bucket(js, replicas)
+        buckets = {
+            PACKAGES_BUCKET: ObjectStoreConfig(replicas=replicas or 1),
+            CHECKPOINTS_BUCKET: checkpoints_config(replicas or 1),
+        }
+        for bucket, bucket_config in buckets.items():
+            await _ensure_bucket(js, bucket, bucket_config, replicas)
     except APIError as exc:
         if exc.err_code not in REPLICA_REFUSALS:
             raise
@@ -59,14 +66,15 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None) -> None:
         ) from exc
 
 
-async def _ensure_bucket(js: JetStreamContext, replicas: int | None) -> None:
+async def _ensure_bucket(
+    js: JetStreamContext, bucket: str, config: ObjectStoreConfig, replicas: int | None
+) -> None:
     try:
-        await js.object_store(PACKAGES_BUCKET)
+        await js.object_store(bucket)
     except BucketNotFoundError:
-        config = ObjectStoreConfig(replicas=replicas or 1)
-        await js.create_object_store(PACKAGES_BUCKET, config=config)
+        await js.create_object_store(bucket, config=config)
         return
-    stream = f"OBJ_{PACKAGES_BUCKET}"
+    stream = f"OBJ_{bucket}"
     current = (await js.stream_info(stream)).config
     wanted = await _replicas_for(js, stream, replicas)
     if (current.num_replicas or 1) != wanted:

@@ -8,6 +8,7 @@ API over the same network, as an operator's laptop would.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -23,6 +24,8 @@ from tests import waiting
 from tests.multihost.netns import Network
 
 CONTROL = "cp"
+NODES = ["n1", "n2", "n3"]
+FIGURES = Path(".unicron/multihost.json")
 NATS_PORT, REDIS_PORT, API_PORT = 4222, 6379, 8080
 SERVICES = ("api", "detector", "planner", "executor")
 
@@ -74,6 +77,7 @@ class Cluster:
             UNICRON_NODE_ID=node,
             UNICRON_SLOTS="1",
             UNICRON_DATA_DIR=str(self.data / node),
+            UNICRON_CHECKPOINT_MIRROR_S="1",  # scripts' checkpoints follow them (test_scripts)
         )
         self.net.spawn(node, self._python("unicron.services.agent"), env, self.data / "logs" / node)
 
@@ -122,3 +126,11 @@ def running_cluster(nodes: list[str], data: Path) -> Iterator[Cluster]:
         yield cluster
     finally:
         network.close()
+
+
+def record_figures(figures: dict[str, float]) -> None:
+    """Add ``figures`` to the one JSON line `make test-multihost` prints last."""
+    known = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    known.update({k: round(v, 3) for k, v in figures.items()})
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    FIGURES.write_text(json.dumps(known) + "\n")

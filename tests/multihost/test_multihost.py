@@ -16,7 +16,6 @@ It prints, last, one JSON line with the figures. Run it with ``make test-multiho
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,13 +25,10 @@ import httpx
 import pytest
 from unicron.trainer.ledger import LEDGER_FILE, LedgerEntry, read_ledger
 
-from tests.multihost.cluster import Cluster, running_cluster, wait_for
-from tests.multihost.netns import unavailable
+from tests.multihost.cluster import NODES, Cluster, record_figures, wait_for
 
 pytestmark = pytest.mark.multihost
 
-NODES = ["n1", "n2", "n3"]
-FIGURES = Path(".unicron/multihost.json")
 JOB = {
     "name": "multihost",
     "steps": 1_000_000,  # runs until the test cancels it
@@ -43,15 +39,6 @@ JOB = {
     "checkpoint_every": 50,
     "model": {"n_layer": 2, "n_head": 2, "d_model": 64, "seq_len": 32, "vocab": 64},
 }
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    why = unavailable()
-    if why is not None:
-        pytest.skip(f"multi-host test needs network namespaces: {why}")
-    with running_cluster(NODES, tmp_path_factory.mktemp("multihost")) as running:
-        yield running
 
 
 class Run:
@@ -163,6 +150,4 @@ def test_a_job_survives_a_crash_a_cut_link_and_grows_back(cluster: Cluster) -> N
     assert steps == list(range(1, len(steps) + 1)), "a step is missing or was completed twice"
     run.figures["fenced_stale_steps"] = stale_steps(entries)
     assert run.figures["fenced_stale_steps"] == 0
-    line = json.dumps({k: round(v, 3) for k, v in run.figures.items()})
-    FIGURES.parent.mkdir(parents=True, exist_ok=True)
-    FIGURES.write_text(line + "\n")  # `make test-multihost` prints it last
+    record_figures(run.figures)
