@@ -17,7 +17,7 @@ import sys
 import uuid
 
 import structlog
-from unicron.services.agent.address import AddressError, advertised_host, check_reachable
+from unicron.services.agent.address import AddressError, advertised_host
 from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.failures import launch_failure_reports
 from unicron.services.agent.faults import FaultInjector
@@ -129,7 +129,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         self.outbox.start()
         try:
-            await self._host_store()
+            await self.store.start_reachable()
             # after the store: torch is imported by then, and this needs it
             devices = await asyncio.to_thread(visible_devices)
             self.slots.use(devices)
@@ -153,21 +153,6 @@ class Agent:
             await self._heartbeat_until(stop)
         finally:
             await self.close()
-
-    async def _host_store(self) -> None:
-        """Listen, then connect to the advertised address as a peer would: a store that peers
-        cannot reach fails the start here, not every job's first rendezvous."""
-        bind = self.store.bind_host
-        try:
-            port = await self.store.start()
-        except OSError as exc:
-            raise AddressError(
-                f"the rendezvous store cannot listen on {bind} ({exc}): set UNICRON_HOST (or "
-                "UNICRON_STORE_BIND_HOST) to an address of this machine, and UNICRON_STORE_PORT "
-                "or UNICRON_STORE_PORTS to a free port"
-            ) from None
-        fix = "UNICRON_HOST" if bind == self.host else "UNICRON_HOST or UNICRON_STORE_BIND_HOST"
-        await check_reachable(self.host, port, f"{fix}, or open the port in the firewall")
 
     async def _pong(self, _request: bytes) -> bytes:
         return self.boot_id.encode()

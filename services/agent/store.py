@@ -19,6 +19,7 @@ import errno
 import socket
 from typing import TYPE_CHECKING
 
+from unicron.services.agent.address import AddressError, check_reachable
 from unicron.shared.logging import get_logger
 
 if TYPE_CHECKING:
@@ -107,6 +108,22 @@ class RendezvousStore:
         self._store = await asyncio.to_thread(host_store, self.bind_host, self.ports)
         log.info("rendezvous store listening", host=self.bind_host, port=self.port)
         return self.port
+
+    async def start_reachable(self) -> int:
+        """Listen, then connect to the advertised address as a peer would: a store that peers
+        cannot reach fails the agent's start, not every job's first rendezvous."""
+        bind = self.bind_host
+        try:
+            port = await self.start()
+        except OSError as exc:
+            raise AddressError(
+                f"the rendezvous store cannot listen on {bind} ({exc}): set UNICRON_HOST (or "
+                "UNICRON_STORE_BIND_HOST) to an address of this machine, and UNICRON_STORE_PORT "
+                "or UNICRON_STORE_PORTS to a free port"
+            ) from None
+        fix = "UNICRON_HOST" if bind == self.host else "UNICRON_HOST or UNICRON_STORE_BIND_HOST"
+        await check_reachable(self.host, port, f"{fix}, or open the port in the firewall")
+        return port
 
     def close(self) -> None:
         # TCPStore has no close(); dropping the last reference stops its server thread.
