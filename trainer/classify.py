@@ -143,6 +143,11 @@ RULES: list[tuple[C, re.Pattern[str]]] = [
             r"Broken pipe|EPIPE",
             r"Connection was likely closed|Remote peer closed the connection",
             r"Socket (unexpectedly )?closed",
+            # NCCL's ncclRemoteError, whatever its last error line says; and the next
+            # collective after the communicator was aborted because a peer is gone
+            # (trainer/comm.py), as captured on an H200 (tests/trainer/data/).
+            r"remote process exit(ed|ing)",
+            r"NCCL communicator was aborted",
         ),
     ),
     (

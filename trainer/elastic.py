@@ -26,11 +26,9 @@ the object store, if the job has one; a run that finishes waits there for its la
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 import traceback
-import weakref
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -42,6 +40,7 @@ from unicron.shared.contracts.reports import WorkerHello, WorkerRegrouped
 from unicron.shared.contracts.transitions import StateSource
 from unicron.shared.contracts.workerchannel import WorkerLaunch
 from unicron.shared.logging import get_logger
+from unicron.trainer import comm
 from unicron.trainer.faults import FaultInbox
 from unicron.trainer.handoff import Handoff, hand_off
 from unicron.trainer.ledger import Ledger
@@ -80,6 +79,7 @@ class ElasticRank:
         join: Join,
         report_failure: Callable[[Exception], object],
         park_timeout_s: float,
+        backend: str = "gloo",
     ) -> None:
         self.launch = launch
         self.replica = replica
@@ -97,6 +97,9 @@ class ElasticRank:
         self._trainee: Trainee | None = None
         self._monitor: StepMonitor | None = None
         self._in_handoff = False
+        self._backend = backend
+        if backend == "nccl":  # a directive frees a collective blocked on a dead peer
+            regroups.interrupt = self._abort_group
 
     def resume(self) -> None:
         """Take the state this launch starts from: the job's newest checkpoint, wherever a
@@ -202,15 +205,14 @@ class ElasticRank:
         group, self._group = self._group, None
         if self._trainee is not None:
             self._trainee.group = None
-        if not dist.is_initialized():
-            return
-        alive = weakref.ref(group) if group is not None else None
-        del group
-        dist.destroy_process_group()
-        if alive is not None and alive() is not None:
-            gc.collect()  # a reference cycle still holds it: slow (~0.1 s), so only then
-        if alive is not None and alive() is not None:
-            log.warning("old process group still referenced; peers wait for its timeout")
+        comm.leave(group, self._backend)
+
+    def _abort_group(self) -> None:
+        """On the channel's reader thread: abort the group the training thread may be blocked
+        in (the group it is about to leave for the directive's)."""
+        group = self._group
+        if group is not None:
+            comm.abort(group)
 
     def _regroup(self, pending: PendingRegroup) -> None:
         directive = pending.directive

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 from unicron.shared.contracts.transitions import StateSource
 from unicron.shared.logging import get_logger
+from unicron.trainer.comm import all_gather_object, broadcast_object
 from unicron.trainer.parallel import StepWork
 from unicron.trainer.replica import Replica
 from unicron.trainer.resume import object_device, resume_from_checkpoint
@@ -146,8 +147,8 @@ def hand_off(
     """Agree on the state with the new group and bring this rank's ``replica`` to the
     target step; returns the step's work (kept partial sums plus assigned micro-batches)."""
     began = time.perf_counter()
-    gathered: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, holding_of(replica, requested_source), group=group)
+    device = object_device(replica)
+    gathered = all_gather_object(holding_of(replica, requested_source), group, device)
     holdings = [h for h in gathered if isinstance(h, Holding)]
     plan = plan_handoff(holdings, total)
     source = StateSource.MEMORY
@@ -156,12 +157,8 @@ def hand_off(
         source = StateSource.DISK if step > 0 else StateSource.NONE
     elif plan.source is not None:
         state = replica.capture(replica.next_step - 1) if rank == plan.source else None
-        payload: list[object] = [state]
-        dist.broadcast_object_list(
-            payload, src=plan.source, group=group, device=object_device(replica)
-        )
+        received = broadcast_object(state, plan.source, group, device)
         if rank in plan.receivers:
-            received = payload[0]
             assert isinstance(received, dict)
             replica.restore(received)
             source = StateSource.PEER

@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from unicron.trainer.comm import all_reduce_sum
 
 T = TypeVar("T")
 
@@ -127,7 +128,7 @@ def reduce_work(
     counts[work.done] = 1.0
     flat = torch.cat([g.reshape(-1) for g in grads] + [loss_sum.reshape(1), counts])
     if group is not None:
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        all_reduce_sum(flat, group)
     counted = [round(c) for c in flat[-total:].tolist()]
     if any(c != 1 for c in counted):
         raise MicroBatchCountError(f"step {work.step}: micro-batch counts {counted}")

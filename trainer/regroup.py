@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from unicron.shared.contracts.messages import RegroupDirective
@@ -57,6 +58,8 @@ class RegroupInbox:
         self.generation = generation
         self._cond = threading.Condition()
         self._pending: PendingRegroup | None = None
+        # Frees a collective blocked on the old group (NCCL's abort, trainer/comm.py).
+        self.interrupt: Callable[[], None] | None = None
 
     def offer(self, regroup: RegroupDirective) -> None:
         """Keep ``regroup`` if it is newer than what this worker has (reader thread)."""
@@ -71,6 +74,8 @@ class RegroupInbox:
         log.info("regroup directive", generation=regroup.generation, rank=regroup.rank)
         # After the directive is pending: a collective that fails now parks and finds it.
         sever(regroup.lost_hosts)
+        if self.interrupt is not None:
+            self.interrupt()
 
     def pending(self) -> bool:
         return self._pending is not None

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from unicron.shared.contracts.transitions import StateSource
 from unicron.shared.logging import get_logger
+from unicron.trainer.comm import all_gather_object, broadcast_object
 from unicron.trainer.replica import Replica
 from unicron.trainer.storage import CheckpointStore, Offer
 
@@ -41,16 +42,13 @@ def resume_from_checkpoint(
     passed_over: set[Offer] = set()
     while True:
         offer = store.offer(passed_over, remote=rank == 0)
-        holder = newest_holder(_all_gather(offer, group))
+        holder = newest_holder(_all_gather(offer, group, object_device(replica)))
         if holder is None:
             return _start_fresh(replica, rank, group)
         state = store.load(offer) if rank == holder and offer is not None else None
-        payload: list[object] = [state]
+        received: object = state
         if group is not None:
-            dist.broadcast_object_list(
-                payload, src=holder, group=group, device=object_device(replica)
-            )
-        received = payload[0]
+            received = broadcast_object(state, holder, group, object_device(replica))
         if isinstance(received, dict):
             step = replica.restore(received)
             replica.has_state = True
@@ -62,19 +60,19 @@ def resume_from_checkpoint(
             passed_over.add(offer)
 
 
-def _all_gather(offer: Offer | None, group: dist.ProcessGroup | None) -> list[Offer | None]:
+def _all_gather(
+    offer: Offer | None, group: dist.ProcessGroup | None, device: torch.device
+) -> list[Offer | None]:
     if group is None:
         return [offer]
-    gathered: list[object] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, offer, group=group)
+    gathered = all_gather_object(offer, group, device)
     return [item if isinstance(item, Offer) else None for item in gathered]
 
 
 def _start_fresh(replica: Replica, rank: int, group: dist.ProcessGroup | None) -> int:
     if group is not None:
-        payload: list[object] = [replica.capture(0) if rank == 0 else None]
-        dist.broadcast_object_list(payload, src=0, group=group, device=object_device(replica))
-        received = payload[0]
+        mine = replica.capture(0) if rank == 0 else None
+        received = broadcast_object(mine, 0, group, object_device(replica))
         if rank != 0 and isinstance(received, dict):
             replica.restore(received)
     replica.has_state = True
@@ -101,7 +99,7 @@ def fall_back_to_disk(replica: Replica, store: CheckpointStore) -> StateSource |
     return StateSource.DISK
 
 
-def object_device(replica: Replica) -> torch.device | None:
+def object_device(replica: Replica) -> torch.device:
     device = next(replica.model.parameters()).device
     # Object collectives stage their bytes on the device NCCL needs; gloo works on the CPU.
-    return device if device.type == "cuda" else None
+    return device if device.type == "cuda" else torch.device("cpu")

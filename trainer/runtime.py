@@ -20,13 +20,11 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 # torch re-exports the stores from its C extension without listing them for type checkers.
-from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 from unicron.shared.contracts.identity import who
 from unicron.shared.contracts.messages import RegroupDirective
 from unicron.shared.contracts.models import JobSpec
@@ -38,6 +36,7 @@ from unicron.shared.contracts.workerchannel import (
     WorkerLaunch,
 )
 from unicron.shared.logging import get_logger
+from unicron.trainer import comm
 from unicron.trainer.channel import AgentChannel
 from unicron.trainer.classify import classify, describe_chain
 from unicron.trainer.elastic import ElasticRank, ParkExpired
@@ -123,6 +122,7 @@ class Runtime:
             join=self.join,
             report_failure=functools.partial(self.report, parked=True),
             park_timeout_s=self.options.park_timeout_s,
+            backend=self.backend,
         )
         rank.resume()
         return rank
@@ -165,7 +165,10 @@ class Runtime:
         self.channel.flush(self.options.flush_timeout_s)
         self.channel.close()
         self._group = None
-        _leave_process_group(failed, self.backend)
+        # The process is about to exit, which frees any NCCL communicator; tearing one down
+        # can hang. Gloo's teardown is immediate and lets in-process callers run again.
+        if self.backend != "nccl":
+            comm.leave(None, self.backend)
 
 
 def directive_router(
@@ -219,35 +222,7 @@ def _device() -> torch.device:
 def join_process_group(
     launch: WorkerLaunch, backend: str, options: RuntimeOptions
 ) -> dist.ProcessGroup:
-    """Join this generation's group through the agent's store, under the generation's prefix.
-
-    A group is formed even for one rank so that single-process runs take the same code path.
-    """
-    rendezvous = launch.rendezvous
-    store = TCPStore(
-        rendezvous.host,
-        rendezvous.port,
-        is_master=False,
-        timeout=timedelta(seconds=options.store_timeout_s),
-    )
-    dist.init_process_group(
-        backend=backend,
-        store=PrefixStore(rendezvous.prefix, store),
-        rank=launch.rank,
-        world_size=launch.world_size,
-        timeout=timedelta(seconds=options.collective_timeout_s),
-    )
-    group = dist.group.WORLD
-    assert group is not None  # init_process_group just created it
-    return group
-
-
-def _leave_process_group(failed: bool, backend: str) -> None:
-    if not dist.is_initialized():
-        return
-    # Tearing down a NCCL communicator with a broken peer can hang; the process is about to
-    # exit anyway, which frees everything. Gloo teardown is immediate and lets in-process
-    # callers (tests, embedding scripts) run again.
-    if failed and backend == "nccl":
-        return
-    dist.destroy_process_group()
+    """Join this generation's group through the agent's store, under the generation's prefix
+    (:func:`unicron.trainer.comm.join`). A group is formed even for one rank so that
+    single-process runs take the same code path."""
+    return comm.join(launch, backend, options.store_timeout_s, options.collective_timeout_s)

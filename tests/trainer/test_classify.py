@@ -8,10 +8,15 @@ and InfiniBand ones are from the sources and from public bug reports.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from torch.distributed import DistBackendError
 from unicron.shared.contracts.taxonomy import FailureCategory as C
 from unicron.trainer.classify import RULES, classify, classify_text
 from unicron.trainer.parallel import NonFiniteLossError
+from unicron.trainer.regroup import is_peer_failure
 
 GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp"
 CUDA_SUFFIX = (
@@ -53,7 +58,7 @@ CASES = [
      f"{NCCL_CHECK}unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version "
      "2.19.3\nncclSystemError: System call (e.g. socket, malloc) or external library call "
      "failed or device error.", C.NCCL_ERROR),
-    ("nccl-remote-error", "DistBackendError", REMOTE, C.NCCL_ERROR),
+    ("nccl-remote-error: a peer gone", "DistBackendError", REMOTE, C.CONNECTION_RESET),
     # --- GPU hardware
     ("cuda-ecc", "RuntimeError", "CUDA error: uncorrectable ECC error encountered" + CUDA_SUFFIX,
      C.ECC),
@@ -225,3 +230,25 @@ def test_the_cause_of_a_wrapped_exception_counts() -> None:
 def test_exception_types_are_recognised_without_telling_messages() -> None:
     assert classify(NonFiniteLossError("loss went bad")) is C.NAN_LOSS
     assert classify(MemoryError()) is C.OOM
+
+
+H200 = json.loads((Path(__file__).parent / "data" / "nccl_texts_h200.json").read_text())["texts"]
+# What a survivor saw on an H200 when its peer was SIGKILLed, and what its next collective
+# raised once the communicator was aborted (docs/gpu-probe.md): each must park it.
+PEER_DEATH = [
+    "peer_death_watchdog_async_error_closed",
+    "peer_death_watchdog_async_error_reset",
+    "peer_death_nccl_warn_closed",
+    "peer_death_nccl_warn_reset",
+    "abort_next_collective",
+]
+
+
+@pytest.mark.parametrize("name", PEER_DEATH)
+def test_nccl_s_texts_of_a_dead_peer_are_peer_failures(name: str) -> None:
+    assert is_peer_failure(DistBackendError(H200[name]))
+
+
+@pytest.mark.parametrize("name", ["oom_1tib", "duplicate_gpu_rank0"])
+def test_an_nccl_rank_s_own_fault_is_not_a_peer_failure(name: str) -> None:
+    assert not is_peer_failure(DistBackendError(H200[name]))
