@@ -44,10 +44,12 @@ log = get_logger(component="channel")
 
 
 class _Conn:
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, writer: asyncio.StreamWriter, launched: WorkerKey | None, pid: int | None = None
+    ) -> None:
         self.writer = writer
-        self.pid = peer_pid(writer)
-        self.launched: WorkerKey | None = None  # the worker the supervisor started with this pid
+        self.pid = pid  # the peer process, which the agent waits on when it exits
+        self.launched = launched  # the worker the supervisor started with this pid, if any
         self.keys: set[WorkerKey] = set()
 
 
@@ -148,8 +150,8 @@ class WorkerChannel:
         return True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Conn(writer)
-        conn.launched = self.identify(conn.pid) if conn.pid is not None else None
+        pid = peer_pid(writer)
+        conn = _Conn(writer, self.identify(pid) if pid is not None else None, pid)
         self._conns.add(conn)
         if conn.launched is not None:
             self._bind(conn, conn.launched)
