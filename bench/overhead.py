@@ -1,11 +1,14 @@
 """Monitoring overhead: the runtime's real training step with its in-band monitoring vs bare.
 
-``python bench/overhead.py [--steps N] [--rounds R] [--variant gpt|user] [--batch-ms MS]``.
-One process trains on one thread, in a world-size-1 gloo group over a TCP store the bench
-hosts: ``gpt`` the reference GPT of a default job (``JobSpec()``: 4 layers, width 128, 16
-sequences of 64 tokens a step), ``user`` a user's MLP on a map-style dataset through the
-training API's data path (:mod:`bench.overhead_variants`). Both ways run the runtime's own step
-(:func:`unicron.trainer.loop.run_step`):
+``python bench/overhead.py [--steps N] [--rounds R] [--device cpu|cuda]
+[--variant gpt|user|reference] [--batch-ms MS]``. One process trains on one thread, in a
+world-size-1 group (gloo on the CPU, NCCL on CUDA) over a TCP store the bench hosts: ``gpt``
+the reference GPT of a default job (``JobSpec()``: 4 layers, width 128, 16 sequences of 64
+tokens a step), ``user`` a user's MLP on a map-style dataset through the training API's data
+path, ``reference`` the ~10-ms step of docs/gpu-probe.md (a 4 x 2048 MLP in bf16 on 7168
+tokens; :mod:`bench.overhead_variants`). The variant is ``gpt`` on the CPU and ``reference`` on
+CUDA unless named; ``--device cuda`` without a GPU exits with code 2. Both ways run the
+runtime's own step (:func:`unicron.trainer.loop.run_step`):
 
 - monitored: with a :class:`~unicron.trainer.loop.StepMonitor` — a ``WorkerPhase`` at compute and at
   the all-reduce, compute timing, the fault-directive check, a ``StepCompleted`` with
@@ -20,7 +23,7 @@ from. ``hot_path_us`` is the median time a step spends inside the monitor's call
 cost that load on a shared machine cannot blur. Prints a table of per-round and overall medians,
 then as its last line one JSON object: ``{"overhead_pct": …, "paired_overhead_pct": …,
 "hot_path_us": …, "monitored_median_s": …, "bare_median_s": …, "latency_ms": {"p50": …,
-"p99": …, "max": …}}``.
+"p99": …, "max": …}, "device": …, "variant": …}``.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from unicron.trainer.faults import FaultInbox
 from unicron.trainer.regroup import RegroupInbox
 from unicron.trainer.runtime import RuntimeOptions, directive_router, join_process_group
 
-from bench.overhead_variants import VARIANTS, Variant
+from bench.overhead_variants import VARIANTS, Setup, Variant
 
 WARMUP = 5
 
@@ -198,22 +201,39 @@ def report(
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="steps per round and variant")
     parser.add_argument("--rounds", type=int, default=16, help="rounds of each variant")
-    parser.add_argument("--variant", choices=sorted(VARIANTS), default="gpt")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--variant", choices=sorted(VARIANTS), help="gpt on the CPU, reference on CUDA"
+    )
     parser.add_argument(
         "--batch-ms", type=float, default=BATCH_S * 1e3, help="the channel writer's tick"
     )
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        built = torch.version.cuda or "no CUDA"
+        parser.exit(2, f"--device cuda: torch {torch.__version__} ({built}) sees no CUDA GPU\n")
+    if args.variant is None:
+        args.variant = "reference" if args.device == "cuda" else "gpt"
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)  # as the runtime does: one thread per rank
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(0)  # before the group: NCCL binds its communicator to it
     with tempfile.TemporaryDirectory(prefix="unicron-bench-", dir="/tmp") as tmp:
         port = free_port()
         store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
         launch = make_launch(Path(tmp), port)
         agent = start_agent(launch.agent_socket)
-        group = join_process_group(launch, "gloo", RuntimeOptions())
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        group = join_process_group(launch, backend, RuntimeOptions())
         inbox = FaultInbox(launch.rank)
         channel = AgentChannel(
             launch.agent_socket,
@@ -221,7 +241,7 @@ def main() -> None:
             batch_s=args.batch_ms / 1e3,
         )
         channel.send(WorkerHello(job_id=launch.job_id, generation=1, rank=0))
-        variant = VARIANTS[args.variant](launch, channel, inbox, group)
+        variant = VARIANTS[args.variant](Setup(launch, channel, inbox, group, device))
         results, hot_us = measure(variant, args.steps, args.rounds)
         sent = 1 + variant.lines_per_step * (WARMUP + args.steps * args.rounds)
         flushed = channel.flush(10.0)
@@ -231,7 +251,8 @@ def main() -> None:
     got = int(summary.pop("lines"))
     delivered = f"{got}/{sent} lines reached the stand-in agent, {channel.dropped} dropped"
     assert flushed and got == sent, delivered
-    print(json.dumps(report(results, hot_us, delivered, summary)))
+    figures = report(results, hot_us, delivered, summary)
+    print(json.dumps({**figures, "device": args.device, "variant": args.variant}))
 
 
 if __name__ == "__main__":

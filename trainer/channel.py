@@ -5,21 +5,24 @@ Worker → agent: a ``Hello`` line, then each report model (``StepCompleted``, `
 ``WorkerDirective`` a line (:mod:`unicron.shared.contracts.workerchannel`), parsed here and handed
 to a callback; a line that is not a valid directive is logged and dropped.
 
-Training must never wait on the agent (docs/design.md §6), nor pay more than a microsecond a report
-for telling it: :meth:`AgentChannel.send` appends the report object to a bounded deque (atomic,
-no lock, no syscall; a full deque drops its oldest report) and returns. A daemon writer thread
-wakes on a short timer (``batch_s``, 10 ms), serialises everything queued and writes it in one
-go; it connects and reconnects on its own. Routine per-step reports (``StepCompleted``,
-``WorkerPhase``) wait for that timer; any other report — a hello, an exception before death, a
-regroup — wakes the writer at once, as does :meth:`AgentChannel.flush`, the one bounded wait,
-used just before the process exits so that its last words reach the agent. After a while with
-nothing to send the writer stops ticking until the next report wakes it.
+Training must never wait on the agent (docs/design.md §6), nor pay more than a microsecond a
+report for telling it: :meth:`AgentChannel.send` appends the report to a bounded deque (atomic,
+no lock, no syscall; a full deque drops its oldest report) and returns. A step's own reports
+come as a :class:`Deferred`, the model and its values in a partial, which the writer builds. A
+daemon writer thread wakes on a short timer (``batch_s``, 10 ms), serialises everything queued
+and writes it in one go; it connects and reconnects on its own. Routine per-step reports
+(``StepCompleted``, ``WorkerPhase``, deferred or not) wait for that timer; any other report — a
+hello, an exception before death, a regroup — wakes the writer at once, as does
+:meth:`AgentChannel.flush`, the one bounded wait, used just before the process exits so that
+its last words reach the agent. After a while with nothing to send the writer stops ticking
+until the next report wakes it.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import socket
 import threading
@@ -42,11 +45,29 @@ BATCH_S = 0.01  # how long a routine report may wait for company; the agent's la
 _IDLE_AFTER_S = 0.5  # no reports for this long: stop ticking, let the next send wake us
 _RECONNECT_MIN_S = 0.02
 _RECONNECT_MAX_S = 1.0
-_ROUTINE = frozenset({StepCompleted, WorkerPhase})
 
 
 class Report(Protocol):
     def model_dump_json(self) -> str: ...
+
+
+class Deferred(functools.partial[Report]):
+    """A routine report that the writer thread builds, ``build(*args)``, and serialises.
+
+    A step's reports are sent right after long stretches of compute, when the training
+    thread's caches are cold: there, validating and building a pydantic model costs tens of
+    microseconds, while making this partial costs a few. Validation moves to the writer, so
+    the model stays the contract and the line is the one the model itself would have written;
+    the arguments must hold every value of the report, its ``at`` stamp included, taken when
+    it was sent. A report that fails to build is logged and dropped, as one that fails to
+    serialise.
+    """
+
+    def model_dump_json(self) -> str:
+        return self().model_dump_json()
+
+
+_ROUTINE = frozenset({StepCompleted, WorkerPhase, Deferred})
 
 
 class AgentChannel:

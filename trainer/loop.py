@@ -29,11 +29,11 @@ from typing import Literal, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-from unicron.shared.contracts.identity import who
+from unicron.shared.contracts.identity import Who, who
 from unicron.shared.contracts.reports import StepCompleted, WorkerPhase
 from unicron.shared.contracts.workerchannel import WorkerLaunch
 from unicron.trainer import checkpoint
-from unicron.trainer.channel import Report
+from unicron.trainer.channel import Deferred, Report
 from unicron.trainer.faults import FaultInbox, FaultInjector
 from unicron.trainer.ledger import Ledger, LedgerEntry
 from unicron.trainer.parallel import Scheduler, StepGenerator, StepWork, drive, new_work, train_step
@@ -102,7 +102,7 @@ class StepMonitor:
         resumed_from: int | None = None,
         device: torch.device | None = None,
     ) -> None:
-        self._launch = launch
+        self._who = who(launch.node_id, launch.key)
         self._channel = channel
         self._inbox = inbox
         self._injector = FaultInjector()
@@ -140,28 +140,39 @@ class StepMonitor:
         self.in_collective = False
 
     def phase(self, phase: Phase, step: int) -> None:
-        launch = self._launch
-        self._channel.send(
-            WorkerPhase(
-                **who(launch.node_id, launch.key),
-                phase=phase,
-                step=step,
-            )
-        )
+        self._channel.send(Deferred(_phase_report, self._who, time.time(), phase, step))
 
     def completed(self, step: int, loss: float, iteration_s: float) -> None:
-        launch = self._launch
-        self._channel.send(
-            StepCompleted(
-                **who(launch.node_id, launch.key),
-                step=step,
-                loss=loss,
-                iteration_s=iteration_s,
-                compute_s=self.compute_s,
-                resumed_from=self._resumed_from,
-            )
-        )
+        values = (step, loss, iteration_s, self.compute_s, self._resumed_from)
+        self._channel.send(Deferred(_step_report, self._who, time.time(), *values))
         self._resumed_from = None  # only the first step after a resume says where it began
+
+
+# The models themselves, built on the channel's writer thread (see ``Deferred``).
+
+
+def _phase_report(who: Who, at: float, phase: Phase, step: int) -> WorkerPhase:
+    return WorkerPhase(**who, at=at, phase=phase, step=step)
+
+
+def _step_report(
+    who: Who,
+    at: float,
+    step: int,
+    loss: float,
+    iteration_s: float,
+    compute_s: float,
+    resumed_from: int | None,
+) -> StepCompleted:
+    return StepCompleted(
+        **who,
+        at=at,
+        step=step,
+        loss=loss,
+        iteration_s=iteration_s,
+        compute_s=compute_s,
+        resumed_from=resumed_from,
+    )
 
 
 def step_micro_batches(

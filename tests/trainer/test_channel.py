@@ -4,6 +4,7 @@ and training is never held up by an agent that is absent or restarting."""
 from __future__ import annotations
 
 import queue
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from unicron.shared.contracts.reports import (
 )
 from unicron.shared.contracts.workerchannel import AnyWorkerDirective, FaultDirective
 from unicron.trainer import channel as channel_module
-from unicron.trainer.channel import AgentChannel
+from unicron.trainer.channel import AgentChannel, Deferred
 
 from tests.trainer.harness import AgentStandIn
 
@@ -206,3 +207,56 @@ def test_drops_are_still_counted_once_the_writer_took_the_rest(socket_path: str)
         agent.close()
     finally:
         channel.close()
+
+
+def test_a_deferred_report_is_built_by_the_writer_into_the_models_own_line(
+    socket_path: str,
+) -> None:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(socket_path)
+    server.listen()
+    channel = AgentChannel(socket_path, batch_s=60.0)  # a tick that never comes in this test
+    who = {"node_id": "n", "job_id": "j", "generation": 1, "rank": 0}
+    try:
+        channel.send(exception_report())  # urgent: the writer connects and sends it now
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(5.0)
+            assert b"worker_exception" in read_line(conn)
+            direct = StepCompleted(**who, at=5.25, step=3, loss=1.0, iteration_s=0.5)
+            channel.send(Deferred(StepCompleted, **who, at=5.25, step=3, loss=1.0, iteration_s=0.5))
+            channel.send(direct)
+            conn.settimeout(0.2)
+            with pytest.raises(TimeoutError):  # routine: it waits for the tick
+                conn.recv(1)
+            conn.settimeout(5.0)
+            assert channel.flush(5.0)
+            line = direct.model_dump_json().encode() + b"\n"
+            assert [read_line(conn), read_line(conn)] == [line, line]
+    finally:
+        channel.close()
+        server.close()
+
+
+def read_line(conn: socket.socket) -> bytes:
+    """One line from ``conn``, newline included, read a byte at a time so nothing is held."""
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = conn.recv(1)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def test_a_deferred_report_that_fails_to_build_is_dropped_alone(socket_path: str) -> None:
+    agent = AgentStandIn(socket_path)
+    channel = AgentChannel(socket_path)
+    try:
+        channel.send(Deferred(StepCompleted, node_id="n", step="not a step"))
+        channel.send(step_report(2))
+        assert channel.flush(5.0)
+        assert agent.next(timeout_s=5.0)["step"] == 2
+    finally:
+        channel.close()
+        agent.close()
