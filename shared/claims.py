@@ -3,7 +3,8 @@
 NATS permissions already stop an agent from publishing under another node's subject
 (docs/design.md §6). The consumers then check what the report claims against the state: the
 subject's node is the report's node, the job exists, and in the job's current generation the
-rank runs on that node. A report of an older generation is history (a replaced worker on its way
+rank runs on that node. A report about the node itself (``GpuHealthReport``) names no job: only
+its node is checked. A report of an older generation is history (a replaced worker on its way
 out) and passes: the handlers themselves ignore what is stale. A refused report is
 dead-lettered and counted by the bus (``ClaimRefusedError``).
 
@@ -17,7 +18,12 @@ from collections import OrderedDict
 
 from unicron.shared.bus.delivery import ClaimRefusedError
 from unicron.shared.contracts.models import Job
-from unicron.shared.contracts.reports import REPORT_SUBJECT_PREFIX, AnyWorkerReport
+from unicron.shared.contracts.reports import (
+    REPORT_SUBJECT_PREFIX,
+    AnyReport,
+    AnyWorkerReport,
+    GpuHealthReport,
+)
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
 
@@ -52,14 +58,20 @@ def refusal(job: Job | None, report: AnyWorkerReport, subject_node_id: str | Non
 
 
 class ReportClaims:
-    """The consumer-side check of worker reports, for ``Bus.consume(claim=…)``."""
+    """The consumer-side check of reports, for ``Bus.consume(claim=…)``."""
 
     def __init__(self, state: JobStore) -> None:
         self.state = state
         self._seats: OrderedDict[tuple[str, int], Seats] = OrderedDict()
 
-    async def check(self, subject: str, report: AnyWorkerReport) -> None:
+    async def check(self, subject: str, report: AnyReport) -> None:
         node = subject_node(subject)
+        if isinstance(report, GpuHealthReport):
+            if node != report.node_id:
+                forged = f"a report about node {report.node_id!r} sent as node {node!r}"
+                log.warning("report refused", node_id=node, why=forged)
+                raise ClaimRefusedError(forged)
+            return
         seats = self._seats.get((report.job_id, report.generation))
         if seats is not None and node == report.node_id and seats.get(report.rank) == node:
             return

@@ -1,9 +1,10 @@
 """The agent's way out to the bus: reports, events and dead letters, in order, never blocking.
 
-Workers and the supervisor hand messages to the outbox and go on at once; one task publishes
-them in order and retries while NATS is away, so neither training nor the heartbeat ever waits
-on the control plane (docs/design.md §6). While disconnected it does not publish at all:
-nats-py would buffer each retry and flush them all on reconnect as duplicates.
+Workers, the supervisor and the GPU health watch hand messages to the outbox and go on at
+once; one task publishes them in order and retries while NATS is away, so neither training nor
+the heartbeat ever waits on the control plane (docs/design.md §6). While disconnected it does
+not publish at all: nats-py would buffer each retry and flush them all on reconnect as
+duplicates.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from unicron.services.agent.api import Report as Report
 from unicron.services.agent.api import Sink as Sink
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import EventData
-from unicron.shared.contracts.reports import StepCompleted
+from unicron.shared.contracts.reports import AnyReport, StepCompleted
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
 
@@ -52,7 +53,7 @@ class Outbox:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox")
 
-    def report(self, report: Report) -> None:
+    def report(self, report: AnyReport) -> None:
         droppable = isinstance(report, StepCompleted)
         self._put(_Item(lambda: self.bus.publish_report(report), report.kind, droppable))
 

@@ -17,7 +17,7 @@ from unicron.services.detector.signals import Candidate
 from unicron.shared.bus.api import EventBus
 from unicron.shared.contracts.events import NodeLost
 from unicron.shared.contracts.identity import WorkerKey
-from unicron.shared.contracts.models import NodeRecord, NodeState, WorkerState, now
+from unicron.shared.contracts.models import Job, NodeRecord, NodeState, WorkerState, now
 from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 from unicron.shared.logging import get_logger
@@ -25,6 +25,21 @@ from unicron.shared.store.api import JobStore
 from unicron.shared.store.hearing import Hearing
 
 _LIVE_WORKER = (WorkerState.LAUNCHING, WorkerState.RUNNING)
+
+
+def seats_on(jobs: list[Job], node_id: str) -> list[tuple[WorkerKey, list[int]]]:
+    """Each unfinished job with a live worker on the node: the seat a fault of the node names
+    (its lowest rank there) and all its ranks there."""
+    seats = []
+    for job in jobs:
+        if job.state.terminal:
+            continue
+        ranks = sorted(
+            w.rank for w in job.workers if w.node_id == node_id and w.state in _LIVE_WORKER
+        )
+        if ranks:
+            seats.append((WorkerKey(job.id, job.generation, ranks[0]), ranks))
+    return seats
 
 
 class NodeMonitor:
@@ -97,14 +112,8 @@ class NodeMonitor:
         return True
 
     async def _fail_jobs_on(self, node: NodeRecord) -> None:
-        for job in await self.state.list_jobs():
-            if job.state.terminal:
-                continue
-            hit = [w for w in job.workers if w.node_id == node.id and w.state in _LIVE_WORKER]
-            if not hit:
-                continue
-            seat = WorkerKey(job.id, job.generation, min(w.rank for w in hit))
-            evidence = {"ranks": sorted(w.rank for w in hit), "boot_id": node.boot_id}
+        for seat, ranks in seats_on(await self.state.list_jobs(), node.id):
+            evidence = {"ranks": ranks, "boot_id": node.boot_id}
             await self.correlator.add(
                 Candidate.of(
                     node.id,

@@ -45,12 +45,15 @@ class NodeHealth:
     async def blame(self, failure: FailureDetected) -> None:
         if not blames_node(failure) or failure.node_id is None:
             return
-        count = await self.state.record_node_failure(
-            failure.node_id, failure.failure_id, failure.observed_at,
-            self.settings.quarantine_window_s,
-        )  # fmt: skip
+        await self.count(failure.node_id, failure.failure_id, failure.observed_at)
+
+    async def count(self, node_id: str, fault_id: str, at: float) -> None:
+        """Count one fault of the node's own (once per ``fault_id``); quarantine at the
+        threshold. A hardware fault on a node that runs no job has no failure to blame it by."""
+        window = self.settings.quarantine_window_s
+        count = await self.state.record_node_failure(node_id, fault_id, at, window)
         if count >= self.settings.quarantine_threshold:
-            await self._quarantine(failure.node_id, count)
+            await self._quarantine(node_id, count)
 
     async def _quarantine(self, node_id: str, count: int) -> None:
         until = now() + self.settings.quarantine_cooldown_s

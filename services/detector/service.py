@@ -1,4 +1,5 @@
-"""Detector service wiring: worker reports and heartbeats in, one ``failure.detected`` per fault.
+"""Detector service wiring: worker reports, agents' GPU health reports and heartbeats in, one
+``failure.detected`` per fault.
 
 Level-triggered: a failed worker that the event path missed (say the detector was down) is still
 found by the periodic reconcile from the job records in Redis.
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 
 from unicron.services.detector.correlate import Correlator
+from unicron.services.detector.gpufaults import GpuFaults
 from unicron.services.detector.liveness import Liveness
 from unicron.services.detector.nodes import NodeMonitor
 from unicron.services.detector.quarantine import NodeHealth
@@ -25,6 +27,7 @@ from unicron.shared.contracts.models import JobState, WorkerState, now
 from unicron.shared.contracts.reports import (
     WORKER_REPORT,
     AnyWorkerReport,
+    GpuHealthReport,
     StepCompleted,
     WorkerException,
     WorkerExited,
@@ -52,6 +55,7 @@ class Detector:
         self.nodes = NodeMonitor(bus, state, self.correlator, hearing)
         # Stragglers are advisory: they bypass correlation so a later fault is still reported.
         self.stragglers = StragglerWatch(settings, self._emit)
+        self.gpus = GpuFaults(state, self.correlator, self._emit, self.health)
 
     async def _emit(self, cause: Candidate) -> bool:
         if await self.liveness.stepped_on(cause):
@@ -134,7 +138,14 @@ async def run(
                 claim=claims.check,
             )
             for kind in CONSUMED_REPORTS
-        )
+        ),
+        bus.consume(
+            reports_of_kind("gpu_health"),
+            durable="detector-gpu_health",
+            parse=GpuHealthReport.model_validate_json,
+            handler=detector.gpus.on_report,
+            claim=claims.check,
+        ),
     )
     try:
         await detector.watch(stop)

@@ -37,6 +37,7 @@ SECONDARY_CATEGORIES = frozenset(
 # Higher wins when several candidates explain one fault.
 _KIND_RANK = {
     FailureKind.NODE_LOST: 50,
+    FailureKind.HARDWARE: 45,  # a faulty GPU explains the crash of a rank that ran on it
     FailureKind.CRASH: 40,
     FailureKind.EXCEPTION: 30,
     FailureKind.HANG: 25,

@@ -17,6 +17,7 @@ from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import JobStateChanged, TransitionCompleted
 from unicron.shared.contracts.models import FailureRecord, Job, JobState, PlanAction, WorkerState
 from unicron.shared.contracts.reports import (
+    AnyReport,
     AnyWorkerReport,
     StepCompleted,
     WorkerExited,
@@ -59,7 +60,7 @@ class ProgressTracker:
         self.state = state
         self.on_failed = on_failed
 
-    async def on_report(self, report: Report) -> None:
+    async def on_report(self, report: AnyReport) -> None:
         if isinstance(report, WorkerStarted):
             await self._update(report, lambda job: self._started(job, report))
         elif isinstance(report, StepCompleted):

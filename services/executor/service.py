@@ -20,7 +20,7 @@ from unicron.shared.bus.streams import ALL_REPORTS
 from unicron.shared.claims import ReportClaims
 from unicron.shared.contracts.events import CloudEvent, FailureDetected, PlanCreated, event_subject
 from unicron.shared.contracts.models import JobState, WorkerState, now
-from unicron.shared.contracts.reports import WORKER_REPORT
+from unicron.shared.contracts.reports import REPORT
 from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
@@ -99,7 +99,7 @@ async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: Execut
     await bus.consume(
         ALL_REPORTS,
         "executor-reports",
-        WORKER_REPORT.validate_json,
+        REPORT.validate_json,  # an agent's report on its node too: passed over, not refused
         records.gated(executor.progress.on_report),
         claim=records.gated(ReportClaims(state).check),
     )

@@ -21,7 +21,7 @@ from unicron.shared.contracts.messages import (
     DeadLetter,
     command_subject,
 )
-from unicron.shared.contracts.reports import AnyWorkerReport, report_id, report_subject
+from unicron.shared.contracts.reports import AnyReport, report_id, report_subject
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
 
@@ -63,7 +63,7 @@ class EventBus(ABC):
         payload = command.model_dump_json().encode()
         await self._publish(command_subject(node_id), payload, command.command_id)
 
-    async def publish_report(self, report: AnyWorkerReport) -> None:
+    async def publish_report(self, report: AnyReport) -> None:
         payload = report.model_dump_json().encode()
         await self._publish(report_subject(report), payload, report_id(report))
 

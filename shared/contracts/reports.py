@@ -3,19 +3,22 @@
 A worker sends these over its agent's local channel; the agent forwards each
 :data:`WorkerReport` as it is to ``unicron.reports.<node_id>.<kind>`` (stream
 ``UNICRON_REPORTS``), except ``WorkerPhase``, which is for the agent alone, as is the worker's
-opening ``WorkerHello``. The other direction, commands to agents and directives to workers, is
+opening ``WorkerHello``. An agent also reports on its node itself (:class:`GpuHealthReport`),
+on the same subjects; that report is not a :data:`WorkerReport`, so no worker can send one. The
+other direction, commands to agents and directives to workers, is
 :mod:`unicron.shared.contracts.messages`.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, model_validator
 from unicron.shared.contracts.identity import JobRank, WorkerIdentity
 from unicron.shared.contracts.messages import Message
 from unicron.shared.contracts.models import now
-from unicron.shared.contracts.taxonomy import FailureCategory
+from unicron.shared.contracts.taxonomy import FailureCategory, Severity, severity_of
 from unicron.shared.contracts.transitions import StateSource
 
 REPORT_SUBJECT_PREFIX = "unicron.reports."
@@ -142,8 +145,55 @@ WorkerReport = Annotated[AnyWorkerReport, Field(discriminator="kind")]
 WORKER_REPORT = TypeAdapter(WorkerReport)
 
 
-def report_id(report: AnyWorkerReport) -> str:
+class GpuSignal(str, Enum):
+    """What a node's GPU health watch saw through NVML (``unicron.services.agent.gpuhealth``)."""
+
+    XID = "xid"  # a critical-error (Xid) event
+    ECC_DOUBLE_BIT = "ecc_double_bit"  # a double-bit ECC event, or the volatile count rose
+    RETIREMENT_PENDING = "retirement_pending"  # retired pages wait for a reset
+    REMAP_PENDING = "remap_pending"  # remapped rows wait for a reset, or remapping failed
+    GPU_LOST = "gpu_lost"  # the GPU is gone: NVML_ERROR_GPU_IS_LOST, or "GPU unavailable"
+    SLOWDOWN = "slowdown"  # hardware slowdown, thermal or power-brake throttling
+
+
+EvidenceValue = int | float | str | bool | list[str] | None
+
+
+class GpuHealthReport(Message):
+    """A node-level report: a GPU of the node is faulty or slowed down. Not about a worker: the
+    detector fails (or, for a slowdown, warns) every job with a rank on the node. Severity and
+    action come from the taxonomy, by ``category``."""
+
+    kind: Literal["gpu_health"] = "gpu_health"
+    node_id: str
+    boot_id: str = Field(description="the agent's boot that saw it")
+    gpu: int | None = Field(
+        description="NVML index of the GPU; None when NVML could not tell which GPU it was"
+    )
+    uuid: str | None = None
+    signal: GpuSignal
+    category: FailureCategory
+    message: str = Field(description="what was seen, in one sentence")
+    evidence: dict[str, EvidenceValue] = Field(
+        default_factory=dict, description="the Xid, the counter and its last value, the reasons"
+    )
+    at: float = Field(default_factory=now)
+
+    @property
+    def severity(self) -> Severity:
+        return severity_of(self.category)[0]
+
+
+AnyReport = AnyWorkerReport | GpuHealthReport
+# Every report on the bus, for a consumer of the whole stream: workers' and agents' own.
+REPORT = TypeAdapter(Annotated[AnyReport, Field(discriminator="kind")])
+
+
+def report_id(report: AnyReport) -> str:
     """A stable id, so a report re-sent after a lost acknowledgement is dropped by NATS."""
+    if isinstance(report, GpuHealthReport):
+        where = f"{report.node_id}:{report.boot_id}:{report.gpu}"
+        return f"{report.kind}:{where}:{report.signal.value}:{report.at:.6f}"
     base = f"{report.kind}:{report.job_id}:{report.generation}:{report.rank}"
     if isinstance(report, StepCompleted | WorkerPhase):
         return f"{base}:{report.step}"
@@ -154,5 +204,5 @@ def report_id(report: AnyWorkerReport) -> str:
     return f"{base}:{report.pid}"
 
 
-def report_subject(report: AnyWorkerReport) -> str:
+def report_subject(report: AnyReport) -> str:
     return f"{REPORT_SUBJECT_PREFIX}{report.node_id}.{report.kind}"

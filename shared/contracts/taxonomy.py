@@ -38,6 +38,8 @@ class FailureKind(str, Enum):
     HANG = "hang"
     NODE_LOST = "node_lost"
     STRAGGLER = "straggler"
+    # seen by the node's own GPU health watch (NVML), not in a worker: the fault is the node's
+    HARDWARE = "hardware"
 
 
 class FailureCategory(str, Enum):
