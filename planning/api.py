@@ -170,10 +170,12 @@ class Calibration:
 
 @dataclass(frozen=True)
 class NodeView:
-    """A usable node (READY, fresh heartbeat) and its slots."""
+    """A usable node (READY, fresh heartbeat) and its free slots; on a GPU node (``gpus`` > 0)
+    a slot is a GPU, and no two ranks ever share one."""
 
     node_id: str
     slots: int
+    gpus: int = 0
 
 
 @dataclass(frozen=True)

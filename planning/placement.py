@@ -15,7 +15,8 @@ share a node (NVLink): kept ranks are regrouped by node and each node keeps a mu
 new ranks go to nodes in multiples of t; only when no node has t free slots does a group span
 nodes. Nodes are visited in the order given (sorted by id) and ties go to the first, so the
 same inputs always give the same placement. The ledger never goes below zero: a node is never
-given more ranks than it has slots, even when the records claim otherwise.
+given more ranks than it has slots, even when the records claim otherwise — on a GPU node, never
+two ranks on one GPU (NCCL refuses them; the snapshot counts no more slots than GPUs).
 """
 
 from __future__ import annotations

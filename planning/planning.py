@@ -83,12 +83,14 @@ def snapshot(
     jobs = list(jobs)
     recorded = {job.id for job in jobs}
     usable = tuple(
-        NodeView(n.id, max(0, n.slots - unrecorded_workers(n, recorded)))
+        NodeView(n.id, max(0, node_slots(n) - unrecorded_workers(n, recorded)), n.gpus)
         for n in by_id
         if n.state == NodeState.READY
     )
     usable_ids = {n.node_id for n in usable}
-    out = tuple(OutOfService(n.id, n.slots, n.state.value) for n in by_id if n.id not in usable_ids)
+    out = tuple(
+        OutOfService(n.id, node_slots(n), n.state.value) for n in by_id if n.id not in usable_ids
+    )
     views: list[JobView] = []
     orphans: list[Orphan] = []
     for job in sorted(jobs, key=lambda j: (j.submitted_at, j.id)):
@@ -102,6 +104,12 @@ def snapshot(
     # Slowdowns now live in the demands; the rest of the calibration is cluster-wide.
     cluster_wide = replace(calibration, job_slowdown=())
     return ClusterInputs(usable, tuple(views), tuple(orphans), cluster_wide, out)
+
+
+def node_slots(node: NodeRecord) -> int:
+    """Its slots, never more than its GPUs: one rank per GPU, as NCCL needs (its agent registers
+    no more; a record that says otherwise is not believed)."""
+    return min(node.slots, node.gpus) if node.gpus else node.slots
 
 
 def unrecorded_workers(node: NodeRecord, recorded: Set[str]) -> int:

@@ -96,6 +96,8 @@ class Waits:
     def _capacity(self, needs: str) -> Why:
         usable = self.inputs.capacity
         out = self.inputs.out_of_service
+        if any(n.gpus for n in self.inputs.nodes):  # a user counts GPUs, not slots
+            needs += " (one per GPU)"
         if not out:
             return WaitReason.CLUSTER_TOO_SMALL, f"{needs}, the cluster has {usable} slots"
         nodes = ", ".join(f"{n.node_id} {n.why}" for n in out)

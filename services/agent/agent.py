@@ -22,7 +22,8 @@ from unicron.services.agent.channel import WorkerChannel
 from unicron.services.agent.failures import launch_failure_reports
 from unicron.services.agent.faults import FaultInjector
 from unicron.services.agent.fence import Fence, round_trip
-from unicron.services.agent.gpus import SlotPool, visible_devices
+from unicron.services.agent.gpuhealth import GpuHealthWatch
+from unicron.services.agent.gpus import SlotPool, SlotsError, visible_devices
 from unicron.services.agent.hang import HangWatch
 from unicron.services.agent.heartbeat import NodeRegistration
 from unicron.services.agent.logs import LogServer
@@ -71,7 +72,7 @@ class Agent:
         self.store = RendezvousStore(self.host, ports, settings.store_bind_host)
         # absolute: workers get this path in their launch JSON and may change directory
         socket_path = (settings.data_dir / "agents" / f"{self.node_id}.sock").absolute()
-        self.slots = SlotPool()  # filled with the node's devices once run() found them
+        self.slots = SlotPool(slots=settings.slots)  # the devices come once run() found them
         # The channel asks the supervisor and the spares who a connecting process is, and the
         # spares reach their processes through the channel: the agent's methods below stand
         # between them, so each part is whole when it is made.
@@ -86,7 +87,7 @@ class Agent:
         registry = build_registry(settings.entrypoints)
         # Spares run no trainer of their own: each launch names the job's (``supervisor``).
         self.spares = SparePool(
-            settings.spare_count,
+            settings.spares,  # None: one per slot
             [sys.executable, "-m", settings.spare_module],
             socket_path,
             settings.data_dir,
@@ -99,6 +100,9 @@ class Agent:
             self.slots, self.spares, self.channel.drained,
         )  # fmt: skip
         self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
+        self.gpu_health = GpuHealthWatch(
+            self.node_id, self.boot_id, self.outbox, settings.gpu_health_s
+        )
         self.masters = MasterStores(self.host, self.store.bind_host, ports)
         packages = PackageDirs(bus, settings.data_dir)
         checkpoints = (settings.data_dir / "checkpoints").absolute()
@@ -132,10 +136,11 @@ class Agent:
             await self.store.start_reachable()
             # after the store: torch is imported by then, and this needs it
             devices = await asyncio.to_thread(visible_devices)
-            self.slots.use(devices)
+            self.slots.use(devices, self.settings.slots)  # one rank per GPU: may refuse
             await self.channel.start()
             self.spares.start()
             self._tasks.append(asyncio.create_task(self.hangs.run(), name="hang-watch"))
+            self._tasks.append(asyncio.create_task(self.gpu_health.run(), name="gpu-health"))
             self._tasks.append(asyncio.create_task(self.fence.run(), name="fence"))
             if self.settings.checkpoint_mirror_s > 0:
                 self._tasks.append(asyncio.create_task(self.mirror.run(), name="mirror"))
@@ -149,7 +154,7 @@ class Agent:
                 parse=AGENT_COMMAND.validate_json,
                 handler=self.handle,
             )
-            log.info("agent ready", boot_id=self.boot_id, slots=self.settings.slots, gpus=devices)
+            log.info("agent ready", boot_id=self.boot_id, slots=self.slots.count, gpus=devices)
             await self._heartbeat_until(stop)
         finally:
             await self.close()
@@ -195,8 +200,8 @@ class Agent:
         """Run one command; a command that can never succeed is dead-lettered, not retried."""
         try:
             if isinstance(cmd, StartWorker):
-                if len(self.supervisor.live()) >= self.settings.slots:
-                    # the plan is the authority on slots; refusing here could stall a recovery
+                if len(self.supervisor.live()) >= self.slots.count:
+                    # a GPU node refuses it if no GPU is free (gpus.py); a CPU node runs it
                     log.warning("starting a worker beyond the node's slots", job_id=cmd.job_id)
                 await self._start(cmd)
             elif isinstance(cmd, StopWorkers):
@@ -278,6 +283,6 @@ async def run(
     structlog.contextvars.bind_contextvars(node_id=settings.node_id)
     try:
         await Agent(settings, bus, state).run(stop)
-    except (AddressError, StorePortsExhaustedError) as exc:  # no retry helps: say what to fix
+    except (AddressError, SlotsError, StorePortsExhaustedError) as exc:  # no retry helps
         log.error("agent cannot start", error=str(exc))
         raise SystemExit(2) from None

@@ -7,7 +7,8 @@ one, its log's tail (:mod:`unicron.services.agent.tracebacks`), and reports it a
 nothing about it, so nothing is read: its exit names the signal. A command that cannot be
 executed at all (a missing program or working directory, no permission) never becomes a
 process: it is reported as a launch failure, which ends the job at once, since restarting it
-would fail the same way.
+would fail the same way. A start that finds no free GPU on the node is a launch failure too, but
+one a restart may cure.
 """
 
 from __future__ import annotations
@@ -58,6 +59,24 @@ def launch_failure_reports(
         WorkerException(**ids, pid=0, exc_type=exc_type, message=message,
                         category=category, launch_failed=True),
         WorkerExited(**ids, pid=0, exit_code=exit_code),
+    ]  # fmt: skip
+
+
+def no_free_gpu(
+    node_id: str, cmd: StartWorker, gpus: str, holders: list[WorkerKey]
+) -> list[WorkerException | WorkerExited]:
+    """The reports of a start refused because every GPU slot of the node is held (``gpus`` says
+    how many, ``holders`` are the workers on them). A failed launch of this rank, but neither the
+    job's own code nor for good (a holder may be a worker still being stopped): the job recovers
+    from it as from a rank that exited abnormally, within its recoveries, not failing at once."""
+    held = ", ".join(f"job {k.job_id} rank {k.rank} (generation {k.generation})" for k in holders)
+    message = f"no free GPU on node {node_id}: {gpus}, all held by {held or 'starts under way'}"
+    ids = {"node_id": node_id, **cmd.key._asdict()}
+    category = FailureCategory.EXITED_ABNORMALLY.value
+    return [
+        WorkerException(**ids, pid=0, exc_type="NoFreeGPUError", message=message,
+                        category=category),
+        WorkerExited(**ids, pid=0, exit_code=1),
     ]  # fmt: skip
 
 

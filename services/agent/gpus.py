@@ -1,18 +1,31 @@
-"""GPU slots: each live worker gets one CUDA device of its own through ``CUDA_VISIBLE_DEVICES``.
+"""GPU slots: one rank per GPU. Each live worker gets one CUDA device of its own through
+``CUDA_VISIBLE_DEVICES``; no two workers ever share one, since NCCL refuses two ranks on one
+device of one host ("Duplicate GPU detected").
 
 Slot ``i`` is the ``i``-th device the agent itself may use (its own ``CUDA_VISIBLE_DEVICES``
-when it has one, so a node that hands the agent a subset keeps to it). A worker takes the
-lowest free slot and gives it back when it exits. On a node without CUDA there are no devices
-and the workers' environment is left alone.
+when it has one, so a node that hands the agent a subset keeps to it). On a GPU node the node
+has one slot per device unless ``UNICRON_SLOTS`` asks for fewer (then the first devices are its
+slots); asking for more is refused at start (:func:`node_slots`). A worker takes the lowest free
+slot and gives it back when it exits; a start that finds every device held is refused
+(:class:`NoFreeGPUError`), never shared. On a node without CUDA there are no devices, the node
+has ``UNICRON_SLOTS`` slots (:data:`CPU_SLOTS` by default) and the workers' environment is left
+alone.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
-from unicron.shared.logging import get_logger
+CPU_SLOTS = 2  # a node without GPUs: the demo runs two workers on each
 
-log = get_logger(component="gpus")
+
+class SlotsError(ValueError):
+    """``UNICRON_SLOTS`` asks for more slots than the node has GPUs: no retry helps."""
+
+
+class NoFreeGPUError(RuntimeError):
+    """Every GPU slot of the node is held: a start must not share a device."""
 
 
 def visible_devices() -> list[str]:
@@ -29,36 +42,66 @@ def visible_devices() -> list[str]:
     return [str(i) for i in range(count)]
 
 
-class SlotPool:
-    def __init__(self, devices: list[str] | None = None) -> None:
-        self.devices = devices or []
-        self._taken: set[int] = set()
+def node_slots(asked: int | None, devices: Sequence[str]) -> int:
+    """The node's slots: ``asked`` (``UNICRON_SLOTS``) when set, else one per GPU, or
+    :data:`CPU_SLOTS` without GPUs. Raises SlotsError when a GPU node is asked for more."""
+    gpus = len(devices)
+    if not gpus:
+        return CPU_SLOTS if asked is None else asked
+    if asked is None:
+        return gpus
+    if asked > gpus:
+        raise SlotsError(
+            f"UNICRON_SLOTS={asked} is more than the {gpus} GPU(s) this node has "
+            f"({','.join(devices)}): each worker needs a GPU of its own (NCCL refuses two ranks "
+            f"on one device); set UNICRON_SLOTS to {gpus} or fewer, or unset it for one per GPU"
+        )
+    return asked
 
-    def use(self, devices: list[str]) -> None:
-        """The devices the agent found once it ran: before any worker or spare took a slot."""
-        self.devices = devices
+
+class SlotPool:
+    def __init__(self, devices: Sequence[str] = (), slots: int | None = None) -> None:
+        self.devices: list[str] = []  # the devices the slots hand out, slot i the i-th
+        self.gpus = 0  # the GPUs the agent found (more than ``devices`` if it was asked fewer)
+        self.count = 0  # the node's slots: what it registers and the planner fills
+        self._taken: set[int] = set()
+        self.use(devices, slots)
+
+    def use(self, devices: Sequence[str], slots: int | None = None) -> None:
+        """The devices the agent found once it ran, and ``UNICRON_SLOTS``: before any worker or
+        spare took a slot. Raises SlotsError for more slots than devices on a GPU node."""
+        self.count = node_slots(slots, devices)
+        self.gpus = len(devices)
+        self.devices = list(devices[: self.count])
 
     def acquire(self) -> int | None:
-        """The lowest free slot, or None on a node without devices."""
-        if not self.devices:
+        """The lowest free slot, or None on a node without GPUs (nothing to hand out). Raises
+        NoFreeGPUError when every GPU slot is held: the plan placed one rank too many here."""
+        if not self.gpus:
             return None
-        slot = next(i for i in range(len(self._taken) + 1) if i not in self._taken)
-        if slot >= len(self.devices):
-            # the plan is the authority on slots: share a device rather than refuse the worker
-            log.warning("more workers than devices; sharing one", slot=slot)
+        slot = next((i for i in range(len(self.devices)) if i not in self._taken), None)
+        if slot is None:
+            raise NoFreeGPUError(f"all {len(self.devices)} GPU slots are held")
         self._taken.add(slot)
         return slot
 
     def free(self) -> int:
         """Devices no worker (or spare) holds."""
-        return max(0, len(self.devices) - len(self._taken))
+        return len(self.devices) - len(self._taken)
 
     def release(self, slot: int | None) -> None:
         if slot is not None:
             self._taken.discard(slot)
 
     def env(self, slot: int | None) -> dict[str, str]:
-        """What to add to the worker's environment for ``slot``."""
+        """What to add to the worker's environment for ``slot``: exactly its one device."""
         if slot is None:
             return {}
-        return {"CUDA_VISIBLE_DEVICES": self.devices[slot % len(self.devices)]}
+        return {"CUDA_VISIBLE_DEVICES": self.devices[slot]}
+
+    def describe(self) -> str:
+        """The node's GPU slots in a few words, for a refused start."""
+        text = f"{len(self.devices)} GPU(s)"
+        if self.gpus > len(self.devices):
+            text += f" as slots (UNICRON_SLOTS={self.count} of its {self.gpus})"
+        return text

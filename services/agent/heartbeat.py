@@ -51,10 +51,13 @@ class NodeRegistration:
         self.registered = False
 
     def fresh_record(self) -> NodeRecord:
+        # the slots as found once the devices were known (unicron.services.agent.gpus)
+        pool = self.supervisor.slots
         return NodeRecord(
             id=self.node_id,
             state=NodeState.READY,
-            slots=self.settings.slots,
+            slots=pool.count,
+            gpus=pool.gpus,
             used=len(self.supervisor.live()),
             last_heartbeat=now(),
             host=self.host,
@@ -112,7 +115,7 @@ class NodeRegistration:
         self.outbox.event(
             NodeJoined(
                 node_id=self.node_id,
-                slots=self.settings.slots,
+                slots=self.supervisor.slots.count,
                 host=self.host,
                 boot_id=self.boot_id,
             )

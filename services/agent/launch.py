@@ -103,7 +103,8 @@ def process_launch(
 ) -> ProcessLaunch:
     """(argv, env, cwd) of the worker for ``cmd``: the agent's environment without its own
     credentials (the user's code must not log in as the agent) + the job's env + the GPU slot +
-    Unicron's and (for an entrypoint job) torchrun's variables, which nothing may override.
+    Unicron's and (for an entrypoint job) torchrun's variables, which nothing may override. A
+    worker given a GPU slot sees that one device only and is local rank 0 of 1 on it.
 
     Raises ``UnknownTrainerError`` for a trainer this node has not registered."""
     spec = ctx.spec
@@ -122,6 +123,10 @@ def process_launch(
     if spec.entrypoint is None:
         return ProcessLaunch(registry.argv(spec.trainer), env, ctx.cwd)
     env.update(torchrun_env(cmd, ctx, error_file))
+    if slot_env:
+        # It sees exactly one GPU, as cuda:0: it is torchrun's lone worker of a one-GPU machine,
+        # so the usual torch.cuda.set_device(LOCAL_RANK) picks its own device.
+        env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(cmd.rank))
     if cmd.local_world_size > 1:
         # As torchrun does: ranks that share a machine would each start a thread per core.
         env.setdefault("OMP_NUM_THREADS", "1")

@@ -1,8 +1,10 @@
 """Settings of the node agent, from ``UNICRON_*`` environment variables.
 
 ``UNICRON_NODE_ID`` names the node on the bus and in Redis, ``UNICRON_SLOTS`` is how many
-workers it may run, ``UNICRON_HOST`` is the address peers use to reach its rendezvous store
-(unset: the local address of the route to NATS, ``unicron.services.agent.address``) and
+workers it may run (on a GPU node one per GPU by default and at most that: the agent checks it
+once it found its GPUs, ``unicron.services.agent.gpus``), ``UNICRON_HOST`` is the address peers
+use to reach its rendezvous store (unset: the local address of the route to NATS,
+``unicron.services.agent.address``) and
 ``UNICRON_STORE_PORT`` that store's port (0: any free port), or ``UNICRON_STORE_PORTS=LO-HI``
 a range for it and the entrypoint jobs' master stores to take the first free ports of, for a
 firewall that opens only those. ``UNICRON_ENTRYPOINTS`` (JSON)
@@ -10,6 +12,8 @@ registers extra trainer entrypoints for this node only; the bus can never add on
 ``UNICRON_SPARE_MODULE`` is what a warm spare runs (``python -m MODULE``): any module that waits
 for a launch as ``unicron.trainer.spare`` does, say one that imports a site's own libraries first.
 ``UNICRON_HANG_*`` tune hang detection (``unicron.services.agent.hang``).
+``UNICRON_GPU_HEALTH_S`` is how often the GPU health watch reads NVML's counters
+(``unicron.services.agent.gpuhealth``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ def default_node_id() -> str:
 
 class AgentSettings(CommonSettings):
     node_id: str = Field(default_factory=default_node_id)
-    slots: int = Field(2, ge=0)
+    slots: int | None = Field(
+        None, ge=0, description="workers at once; default: one per GPU, or 2 on a CPU node"
+    )
     host: str | None = Field(
         None, description="address peers reach this node at; default: the route to NATS"
     )
@@ -71,6 +77,10 @@ class AgentSettings(CommonSettings):
     checkpoint_mirror_max_bytes: int = Field(
         2 * 1024**3, gt=0, description="the largest snapshot sent over the bus (not to a URL)"
     )
+    # GPU health through NVML, the `gpu` extra (unicron.services.agent.gpuhealth)
+    gpu_health_s: float = Field(
+        5.0, ge=0, description="how often the GPUs' error counters are read; 0: no GPU watch"
+    )
 
     # hang detection: no step for max(factor x mean, mean + margin) is a hang (docs/design.md §3)
     hang_factor: float = Field(3.0, gt=1.0, description="threshold in running-mean step times")
@@ -96,13 +106,6 @@ class AgentSettings(CommonSettings):
             return self.store_port
         low, high = _port_range(self.store_ports)
         return range(low, high + 1)
-
-    @property
-    def spare_count(self) -> int:
-        if self.spares is not None:
-            return self.spares
-        # one per slot: every rank of a restarted plain-script generation starts warm
-        return self.slots
 
     @field_validator("node_id")
     @classmethod

@@ -64,7 +64,7 @@ class Spare:
 class SparePool:
     def __init__(
         self,
-        count: int,
+        count: int | None,
         argv: list[str],
         socket_path: Path,
         data_dir: Path,
@@ -72,7 +72,7 @@ class SparePool:
         channel: WorkerLink,
         delay_s: float = 0.0,
     ) -> None:
-        self.count = count
+        self._count = count  # None: one per slot, known once the agent found its devices
         self.delay_s = delay_s  # after serving a start: leave the CPU to the transition first
         self._not_before = 0.0
         self.argv = argv
@@ -90,6 +90,12 @@ class SparePool:
         self.nice = SPARE_NICE if _can_renice() else 0
 
     # --- queries -----------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        """Spares to keep: by default one per slot, so every rank of a restarted generation
+        starts warm."""
+        return self.slots.count if self._count is None else self._count
 
     @property
     def enabled(self) -> bool:

@@ -6,10 +6,11 @@ in ``proc.wait()``, so its exit is reported the moment the kernel reaps it, not 
 once the channel has read what it sent last (its last steps come before its exit).
 Workers run in their own process group (a stop kills helpers they forked too) and get SIGKILL
 when the agent dies, so none outlives the agent. On a node with GPUs each worker gets a device
-of its own (``unicron.services.agent.gpus``). A worker that exits non-zero without having reported
-an exception in-band (a plain script) gets one read from its torchelastic error file or its log
-(:mod:`unicron.services.agent.failures`), and a command that cannot be executed at all is
-reported as a launch failure: no retry helps.
+of its own (``unicron.services.agent.gpus``), and a start that finds none free is refused as a
+failed launch of that rank, never given a shared one. A worker that exits non-zero without
+having reported an exception in-band (a plain script) gets one read from its torchelastic error
+file or its log (:mod:`unicron.services.agent.failures`), and a command that cannot be executed
+at all is reported as a launch failure: no retry helps.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ import re
 from pathlib import Path
 
 from unicron.services.agent.api import Drained, Report, Sink, SpareSource
-from unicron.services.agent.failures import cannot_execute, exit_exception, launch_failure
-from unicron.services.agent.gpus import SlotPool
+from unicron.services.agent.failures import (
+    cannot_execute,
+    exit_exception,
+    launch_failure,
+    no_free_gpu,
+)
+from unicron.services.agent.gpus import NoFreeGPUError, SlotPool
 from unicron.services.agent.launch import (
     JobContext,
     process_launch,
@@ -133,8 +139,15 @@ class Supervisor:
         if ctx.spec.entrypoint is None and ctx.spec.trainer not in self.registry.names():
             raise CommandRejectedError(f"trainer {ctx.spec.trainer!r} is not registered")
         self.error_path(key).unlink(missing_ok=True)  # only this launch's exception may be read
-        spared = await self._from_spare(key, cmd, ctx)
-        worker = spared or await self._spawn(key, cmd, ctx)
+        try:
+            spared = await self._from_spare(key, cmd, ctx)
+            worker = spared or await self._spawn(key, cmd, ctx)
+        except NoFreeGPUError:  # never a shared device: NCCL refuses two ranks on one GPU
+            held = [w.current for w in self.live() if w.slot is not None]
+            for report in no_free_gpu(self.node_id, cmd, self.slots.describe(), held):
+                self.sink.report(report)
+            wlog.error("worker cannot start: no free GPU", held=len(held))
+            return
         if worker is None:
             return  # it could not be executed; reported as such
         self._workers[key] = worker

@@ -18,6 +18,8 @@ is below the planner lease's current epoch is refused whole.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from unicron.services.executor.commands import (
     MissingNodeError,
     send_regroups,
@@ -54,6 +56,18 @@ def _frees_slots_first(alloc: JobAllocation) -> int:
     return 1 if alloc.workers < alloc.previous_workers else 2
 
 
+def crowded_gpus(plan: Plan, nodes: dict[str, NodeRecord]) -> list[str]:
+    """GPU nodes the plan gives more ranks than they have slots, each with its figures: NCCL
+    refuses two ranks on one GPU, so such a plan is refused whole (a CPU node may run more)."""
+    ranks = Counter(node for a in plan.allocations if a.workers for node in a.nodes)
+    crowded = []
+    for node_id, count in sorted(ranks.items()):
+        node = nodes.get(node_id)
+        if node is not None and node.gpus and count > min(node.slots, node.gpus):
+            crowded.append(f"{node_id} has {node.slots} slots on {node.gpus} GPUs, given {count}")
+    return crowded
+
+
 class TransitionRunner:
     def __init__(self, bus: Bus, state: StateStore, settings: ExecutorSettings) -> None:
         self.bus = bus
@@ -73,6 +87,12 @@ class TransitionRunner:
             get_logger(plan_id=plan.id).info("superseded plan skipped", latest=latest.id)
             return
         nodes = {n.id: n for n in await self.state.list_nodes()}
+        crowded = crowded_gpus(plan, nodes)
+        if crowded:  # the nodes changed since it was computed; the planner plans again
+            get_logger(plan_id=plan.id).error(
+                "plan refused: two ranks would share a GPU", nodes="; ".join(crowded)
+            )
+            return
         for allocation in sorted(plan.allocations, key=_frees_slots_first):
             if allocation.action in LAUNCHES:
                 await self.launch(allocation, plan, nodes)
@@ -138,17 +158,14 @@ class TransitionRunner:
         if job is None or before is None:
             return  # unknown job, already applied, or stale for this job
         old = before
+        # Per node, commands run in order: the regroups raise the survivors' generation before
+        # the stop, which then ends only the old generation's other processes (a hung culprit,
+        # say), and the starts come last, onto the GPUs the stop freed: one rank per GPU.
         if job.transition_kind == TransitionMode.IN_PLACE and not give_up:
-            # Per node, commands run in order: the regroups raise the survivors' generation
-            # before the stop, which then ends only the old generation's other processes.
-            await send_starts(self.bus, job, nodes)
             await send_regroups(self.bus, job, nodes)
-            await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
-        else:
-            await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
+        await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
         if not give_up:
-            if job.transition_kind != TransitionMode.IN_PLACE:
-                await send_starts(self.bus, job, nodes)
+            await send_starts(self.bus, job, nodes)
             await self.bus.publish_event(
                 TransitionStarted(
                     job_id=job.id,

@@ -207,7 +207,8 @@ class NodeRecord(BaseModel):
 
     id: str
     state: NodeState = NodeState.READY
-    slots: int = Field(ge=0)
+    slots: int = Field(ge=0, description="workers at once: on a GPU node at most one per GPU")
+    gpus: int = Field(0, ge=0, description="GPUs its agent found; 0 on a node without CUDA")
     used: int = 0
     last_heartbeat: float = Field(default_factory=now)
     host: str = "127.0.0.1"

@@ -126,6 +126,7 @@ def wait_as_spare() -> tuple[socket.socket, dict[str, Any], list[str]]:
         raw += byte
     message = json.loads(raw)
     assert message["directive"] == "launch", message
+    os.environ.update(message["script"]["env"])  # as a real spare runs with the launch's env
     return sock, dict(message["launch"]), list(message["script"]["argv"])
 
 
