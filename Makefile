@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.installed-frameworks
 TORCH := torch==2.13.0
 
-.PHONY: demo test test-multihost test-slow test-all lint imports view bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos up clean
+.PHONY: demo test test-multihost test-slow test-gpu test-all lint imports view bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos up clean
 
 # torch is named in both installs: with the project's extras alone, pip 26's resolver swaps the
 # CPU wheel for a CUDA build of several GB.
@@ -35,6 +35,10 @@ test: imports
 
 test-slow: $(FRAMEWORKS)
 	$(BIN)/pytest -m slow
+
+# On a machine with CUDA (bench/gpu_check.sh runs it there); elsewhere each test says why not.
+test-gpu: $(STAMP)
+	$(BIN)/pytest -m gpu -rs -p no:randomly tests/gpu
 
 test-all: $(FRAMEWORKS)
 	$(BIN)/pytest -m ''

@@ -63,6 +63,8 @@ class StackConfig:
     data_dir: Path = Path(".unicron")
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
+    # one agent's own additions, by node id (the GPU suite gives each its own NCCL_HOSTID)
+    node_env: dict[str, dict[str, str]] = field(default_factory=dict)
     ha: bool = False  # a NATS cluster and a Redis with a replica and Sentinels
 
 
@@ -117,6 +119,7 @@ class Stack:
             agent = ServiceUser(role=ServiceRole.AGENT, node_id=node_id)
             slots = str(self.config.slots)
             env = self.env(UNICRON_NODE_ID=node_id, UNICRON_SLOTS=slots, **self.login_env(agent))
+            env.update(self.config.node_env.get(node_id, {}))
             self._add(f"agent-{node_id}", AGENT_MODULE, env)
         self.wait_ready(ready_timeout_s)
 

@@ -1,0 +1,125 @@
+"""The GPU path on a real device (issue 21): `make test-gpu`, or bench/gpu_check.sh on a lent
+machine. Where CUDA is absent every test is skipped with that reason.
+
+Two NCCL ranks share the one GPU a test machine has: each agent, and so each of its workers,
+gets its own ``NCCL_HOSTID``, a test-only trick that makes NCCL treat the two processes as two
+hosts (otherwise it refuses them: "Duplicate GPU detected"). Production never needs it: an
+agent gives each rank a GPU of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from unicron.cli.stack import Stack, StackConfig
+from unicron.shared.procs import free_port
+
+from tests.e2e.conftest import get_job, small_job
+from tests.waiting import wait_for
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine"),
+]
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "ddp_to_unicron"
+FIGURES = Path(os.environ.get("UNICRON_GPU_FIGURES", ".unicron/gpu.json"))
+
+
+def record(**figures: float) -> None:
+    """Figures for bench/gpu_check.sh's table, one JSON object."""
+    known = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    known.update({k: round(v, 4) for k, v in figures.items()})
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    FIGURES.write_text(json.dumps(known) + "\n")
+
+
+def local_run(tmp_path: Path, steps: int) -> str:
+    spec = tmp_path / f"job-{steps}.json"
+    spec.write_text(json.dumps({"name": "gpu-local", "steps": steps, "checkpoint_every": 10}))
+    env = {**os.environ, "UNICRON_JOB_SPEC": str(spec), "UNICRON_CHECKPOINT_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "train_unicron.py"], cwd=EXAMPLE, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+def test_the_training_api_runs_on_cuda_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    local_run(tmp_path, steps=20)
+    resumed = local_run(tmp_path, steps=30)
+    assert "resumed" in resumed and "step=20" in resumed, resumed[-3000:]
+
+
+@pytest.fixture
+def two_ranks(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[httpx.Client]:
+    nodes = {f"node-{i}": {"NCCL_HOSTID": f"unicron-gpu-test-{i}"} for i in range(2)}
+    config = StackConfig(
+        nodes=2, slots=1, nats_url=nats_url, redis_url=redis_url, api_port=free_port(),
+        data_dir=tmp_path / "stack", node_env=nodes,
+    )  # fmt: skip
+    with Stack(config) as stack, httpx.Client(base_url=stack.api_url, timeout=10) as api:
+        yield api
+
+
+def stepping(api: httpx.Client, job_id: str, after: int) -> dict[str, Any] | None:
+    job = get_job(api, job_id)
+    ok = job["state"] == "RUNNING" and job["stepping"] and job["generation"] > after
+    return job if ok and len(job["workers"]) == 2 else None
+
+
+def test_two_nccl_ranks_recover_in_place_from_a_sigkill(two_ranks: httpx.Client) -> None:
+    api = two_ranks
+    response = api.post("/v1/jobs", json=small_job("gpu-nccl", steps=100_000, min_workers=2,
+                                                   max_workers=2))  # fmt: skip
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    job = wait_for("2 NCCL ranks stepping", lambda: stepping(api, job_id, 0), 180)
+    survivor = next(w for w in job["workers"] if w["rank"] == 0)
+    victim = next(w for w in job["workers"] if w["rank"] == 1)
+    killed_at = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    job = wait_for("the regroup", lambda: stepping(api, job_id, job["generation"]), 120)
+    record(nccl_sigkill_recovery_s=time.monotonic() - killed_at)
+    assert job["transition_kind"] == "in_place" and job["transition_fallback"] is None, job
+    kept = [w for w in job["workers"] if w["node_id"] == survivor["node_id"]]
+    assert [w["pid"] for w in kept] == [survivor["pid"]]  # the survivor kept its process
+    api.post(f"/v1/jobs/{job_id}/cancel")
+
+
+@pytest.mark.parametrize(
+    ("fault", "category"),
+    [("cuda_text", "illegal_memory"), ("sigstop", "task_hang")],
+)
+def test_a_cuda_error_and_a_hang_on_nccl_are_classified_and_recovered(
+    two_ranks: httpx.Client, fault: str, category: str
+) -> None:
+    api = two_ranks
+    response = api.post("/v1/jobs", json=small_job(f"gpu-{fault}", steps=100_000, min_workers=2,
+                                                   max_workers=2))  # fmt: skip
+    job_id = response.json()["id"]
+    job = wait_for("2 NCCL ranks stepping", lambda: stepping(api, job_id, 0), 180)
+    victim = next(w for w in job["workers"] if w["rank"] == 1)
+    began = time.monotonic()
+    if fault == "sigstop":
+        os.kill(victim["pid"], signal.SIGSTOP)
+    else:
+        drill = {"rank": 1, "kind": "exception",
+                 "message": "CUDA error: an illegal memory access was encountered"}  # fmt: skip
+        assert api.post(f"/v1/jobs/{job_id}/faults", json=drill).status_code == 202
+    job = wait_for("the recovery", lambda: stepping(api, job_id, job["generation"]), 180)
+    record(**{f"nccl_{fault}_recovery_s": time.monotonic() - began})
+    assert job["last_failure"]["category"] == category, job["last_failure"]
+    api.post(f"/v1/jobs/{job_id}/cancel")
