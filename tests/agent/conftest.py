@@ -61,6 +61,20 @@ class RecordingSink:
                 if isinstance(report, cls):
                     return report
 
+    async def gather(self, *wanted: type[Report], within: float = 10.0) -> list[Report]:
+        """One report of each type in ``wanted`` (a type may repeat), in whatever order they
+        arrive, others skipped: under load a worker's exit may beat its last channel lines
+        past the agent's bounded wait for them (test_supervisor checks the order itself)."""
+        need, got = list(wanted), []
+        async with asyncio.timeout(within):
+            while need:
+                report = await self.reports.get()
+                match = next((cls for cls in need if isinstance(report, cls)), None)
+                if match is not None:
+                    need.remove(match)
+                    got.append(report)
+        return got
+
 
 def directives(log: Path) -> list[AnyWorkerDirective]:
     """The directives a fake worker logged as ``directive <line>``, in the order it got them."""

@@ -149,12 +149,13 @@ async def test_a_spare_takes_over_a_rank_running_the_job_s_trainer_not_the_built
     started = await sink.next(WorkerStarted)
     assert started.pid == spare.proc.pid and real_spares.served == 1
     # the toy's steps, with the loss the job's env gave it: the GPT would report other losses
-    steps = [await sink.next(StepCompleted, within=30) for _ in range(3)]
+    reports = await sink.gather(*[StepCompleted] * 3, WorkerExited, within=30)
     log = (tmp_path / "logs" / "job-toy" / "g1-r0.log").read_text()
+    steps = [r for r in reports if isinstance(r, StepCompleted)]
     assert [(s.job_id, s.rank, s.step, s.loss) for s in steps] == [
         ("job-toy", 0, step, 0.25) for step in range(3)
     ], log
-    exited = await sink.next(WorkerExited, within=30)
+    [exited] = [r for r in reports if isinstance(r, WorkerExited)]
     assert (exited.pid, exited.exit_code) == (spare.proc.pid, 0), log
 
 
