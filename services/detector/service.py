@@ -56,6 +56,7 @@ class Detector:
         # Stragglers are advisory: they bypass correlation so a later fault is still reported.
         self.stragglers = StragglerWatch(settings, self._emit)
         self.gpus = GpuFaults(state, self.correlator, self._emit, self.health)
+        self._failed_seen: set[WorkerKey] = set()  # failed workers the last reconcile found
 
     async def _emit(self, cause: Candidate) -> bool:
         if await self.liveness.stepped_on(cause):
@@ -78,17 +79,26 @@ class Detector:
             await self.correlator.add(candidate)
 
     async def reconcile(self) -> None:
-        """Find failed workers of running generations that have no failure recorded."""
+        """Find failed workers of running generations that have no failure recorded.
+
+        A worker is taken up only on the second look in a row: the executor marks it failed
+        from the same exit report that is on its way here, and a candidate made from the record
+        alone (no signal, no exception) must not beat the report that names the cause."""
+        seen, self._failed_seen = self._failed_seen, set()
         for job in await self.state.list_jobs():
             if job.state not in (JobState.RUNNING, JobState.STARTING) or job.needs_recovery():
                 continue
             failed = next((w for w in job.workers if w.state == WorkerState.FAILED), None)
             if failed is None:
                 continue
+            key = WorkerKey(job.id, job.generation, failed.rank)
+            self._failed_seen.add(key)
+            if key not in seen:
+                continue
             await self.correlator.add(
                 Candidate.of(
                     failed.node_id,
-                    WorkerKey(job.id, job.generation, failed.rank),
+                    key,
                     FailureKind.EXIT,
                     FailureCategory.EXITED_ABNORMALLY,
                     observed_at=job.history[-1].at if job.history else job.submitted_at,

@@ -87,7 +87,9 @@ class Candidate:
             # Peers of a rank that hangs in its compute wait for it in the collective.
             return self.evidence.get("phase") == "collective" and not self.stopped
         if self.kind == FailureKind.EXIT:
-            return self.evidence.get("exit_code") == 1
+            # Code 1 is an uncaught exception; a failed worker found in the job records alone
+            # (the reconcile) has its exit report, which may name a signal, on its way.
+            return self.evidence.get("exit_code") == 1 or "found_by" in self.evidence
         if self.kind == FailureKind.CRASH:
             return self.evidence.get("signal") in CODE_SIGNALS
         return self.peer_error
