@@ -57,6 +57,11 @@ def scan(directory: Path) -> Files:
     return tuple(sorted(found))
 
 
+def newest_mtime(files: Files) -> int:
+    """When the newest of ``files`` was written (ns); -1 for none."""
+    return max((mtime for _name, _size, mtime in files), default=-1)
+
+
 def pack(directory: Path, files: Files, tar_path: Path) -> tuple[int, str]:
     """Write ``files`` of ``directory`` to ``tar_path``; its size and sha256."""
     with tarfile.open(tar_path, "w") as tar:
@@ -124,8 +129,7 @@ class CheckpointMirror:
             files = await asyncio.to_thread(scan, directory)
             if not files or files == self._sent.get(job_id):
                 return None
-            newest = max(mtime for _name, _size, mtime in files)
-            if not final and time.time_ns() - newest < QUIET_S * 1e9:
+            if not final and time.time_ns() - newest_mtime(files) < QUIET_S * 1e9:
                 return None
             return await self._send(job_id, generation, directory, files)
 
@@ -145,7 +149,7 @@ class CheckpointMirror:
                     why = "too big for the bus; set UNICRON_CHECKPOINT_URL to object storage"
                     jlog.warning(f"checkpoint directory not mirrored: {why}", bytes=size)
                 return None
-            newest = max(mtime for _name, _size, mtime in files)
+            newest = newest_mtime(files)
             blob = f"{job_id}/{generation}-{newest}-{digest[:16]}.tar"
             made = CheckpointSnapshot(
                 job_id=job_id, generation=generation, node_id=self.node_id,
@@ -243,9 +247,9 @@ class CheckpointMirror:
     def _local_order(self, job_id: str, files: Files) -> tuple[int, int]:
         """Where the directory here stands against a snapshot: the generation of the snapshot
         it last matched (-1: none), and its newest file (-1: empty)."""
+        newest = newest_mtime(files)
         if not files:
-            return (-1, -1)
-        newest = max(mtime for _name, _size, mtime in files)
+            return (-1, newest)
         try:
             raw = (self.work / f"{job_id}.json").read_bytes()
             return (CheckpointSnapshot.model_validate_json(raw).generation, newest)
