@@ -200,12 +200,15 @@ class ElasticRank:
         if self._monitor is not None:
             self._monitor.in_collective = False
         self._in_handoff = False
-        # Drop every reference to the old group: gloo closes its connections only when the
-        # group is freed, and that close is what frees peers still waiting on us.
+        comm.leave(self._take_group, self._backend)
+
+    def _take_group(self) -> dist.ProcessGroup | None:
+        """The old group, every reference of ours to it dropped: gloo closes its connections
+        only when the group is freed, and that close is what frees peers still waiting on us."""
         group, self._group = self._group, None
         if self._trainee is not None:
             self._trainee.group = None
-        comm.leave(group, self._backend)
+        return group
 
     def _abort_group(self) -> None:
         """On the channel's reader thread: abort the group the training thread may be blocked

@@ -168,7 +168,7 @@ class Runtime:
         # The process is about to exit, which frees any NCCL communicator; tearing one down
         # can hang. Gloo's teardown is immediate and lets in-process callers run again.
         if self.backend != "nccl":
-            comm.leave(None, self.backend)
+            comm.leave(lambda: None, self.backend)
 
 
 def directive_router(
