@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from unicron.shared.bus.bus import Bus, parse_event
-from unicron.shared.bus.delivery import REDELIVERY_S
+from unicron.shared.bus.delivery import REDELIVERY_S, ClaimRefusedError
 from unicron.shared.contracts.events import CloudEvent, JobSubmitted
 from unicron.shared.contracts.messages import DeadLetter
 from unicron.shared.contracts.models import Job, JobSpec
@@ -103,3 +103,57 @@ async def test_a_slow_handler_keeps_its_message_and_those_queued_behind_it(bus: 
     # A redelivery of either would be queued by now, ahead of the marker.
     await bus.publish_event(JobSubmitted(job_id="job-t", name="t", spec=JobSpec(name="t")))
     assert await asyncio.wait_for(handled.get(), 10) == "job-t"
+
+
+async def test_a_burst_reaches_a_batch_handler_together_and_a_bad_message_fails_alone(
+    bus: Bus,
+) -> None:
+    """What queued behind a busy handler comes in one call, in order; a batch that fails is
+    handled one message at a time, so the good ones are handled once and only the bad one is
+    dead-lettered."""
+    names = [f"job-{i}" for i in range(12)]
+    names.insert(6, "job-bad")
+    good = [n for n in names if n != "job-bad"]
+    first_held, release, all_handled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    handled: list[str] = []
+    batches: list[list[str]] = []
+
+    def took(subjects: list[str]) -> None:
+        handled.extend(subjects)
+        if len(handled) >= len(good):
+            all_handled.set()
+
+    async def one(event: CloudEvent) -> None:
+        if event.subject == "job-bad":
+            raise ClaimRefusedError("a message no handler takes")
+        if event.subject == "job-0":
+            first_held.set()
+            await release.wait()
+        took([event.subject or ""])
+
+    async def many(events: list[CloudEvent]) -> None:
+        batches.append([e.subject or "" for e in events])
+        if any(e.subject == "job-bad" for e in events):
+            raise RuntimeError("one bad message in the batch")
+        took([e.subject or "" for e in events])
+
+    letters: asyncio.Queue[DeadLetter] = asyncio.Queue()
+    await bus.consume("unicron.deadletter", "test-dl", DeadLetter.model_validate_json, letters.put)
+    await bus.consume("unicron.events.>", "test-batch", parse_event, one, batch=many)
+    for name in names:  # all but the first queue up behind it while it is held
+        await bus.publish_event(JobSubmitted(job_id=name, name="x", spec=JobSpec(name="x")))
+    await asyncio.wait_for(first_held.wait(), 5)
+
+    async def delivered() -> int:
+        info = await bus.js.consumer_info("UNICRON_EVENTS", "test-batch")
+        return int(info.num_ack_pending or 0)
+
+    async with asyncio.timeout(10):  # until the server handed every message to the consumer
+        while await delivered() < len(names):  # noqa: ASYNC110 (it polls the server)
+            await asyncio.sleep(0.05)
+    release.set()
+    letter = await asyncio.wait_for(letters.get(), 10)
+    assert "job-bad" in letter.payload and "refused" in letter.reason
+    await asyncio.wait_for(all_handled.wait(), 10)
+    assert handled == good  # each once, in order
+    assert batches[0] == names[1:]  # everything that queued behind the first, in one call

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from unicron.shared.bus.delivery import Claim, Delivery
+from unicron.shared.bus.delivery import Batch, Claim, Delivery
 from unicron.shared.contracts.events import CloudEvent, EventData
 from unicron.shared.contracts.messages import (
     DEADLETTER_SUBJECT,
@@ -123,16 +123,19 @@ class EventBus(ABC):
         handler: Callable[[T], Awaitable[None]],
         deliver_new: bool = False,
         claim: Claim[T] | None = None,
+        batch: Batch[T] | None = None,
     ) -> None:
         """Feed every message on ``subject`` to ``handler`` in order, acking after success
         (:mod:`unicron.shared.bus.delivery`).
 
         ``claim(subject, item)`` runs first and raises ``ClaimRefusedError`` for a message the
         state contradicts: that one is dead-lettered, counted in ``refused``, and not handled.
+        With ``batch``, the messages that queued up meanwhile go to it together, in order.
         """
         delivery = Delivery(
-            parse, handler, claim, self.dead_letter, self.handler_outage, self._count_refused
-        )
+            parse, handler, claim, self.dead_letter, self.handler_outage, self._count_refused,
+            batch,
+        )  # fmt: skip
         await self._bind(subject, durable, deliver_new, delivery)
 
     @abstractmethod

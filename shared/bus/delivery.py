@@ -12,6 +12,12 @@ that fault's detection by half a minute. So that a live but busy consumer is not
 messages again, every message it holds — the one being handled and those queued behind it — is
 kept with ``in_progress`` until it is acked, and the server hands it at most
 ``MAX_ACK_PENDING`` at a time.
+
+A consumer with a ``batch`` handler gets the messages that queued up behind the one it handled
+in one call (up to ``MAX_ACK_PENDING``), in order: a burst of reports about one job costs one
+write of its record, not one per report. Each message is still parsed, checked and, when its
+batch succeeded, acked on its own; a batch that fails is handled again one message at a time,
+so only a message that fails alone is retried or dead-lettered.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class ClaimRefusedError(Exception):
 
 
 Claim = Callable[[str, T], Awaitable[None]]
+Batch = Callable[[list[T]], Awaitable[None]]
 DeadLetterSink = Callable[[str, bytes, str, int], Awaitable[None]]
 
 
@@ -75,6 +82,7 @@ class Delivery(Generic[T]):
     dead_letter: DeadLetterSink
     outage: Outage
     refused: Callable[[], None]
+    batch: Batch[T] | None = None
     _held: dict[int, Msg] = field(default_factory=dict)  # by id: received, not yet finished
     _queue: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -95,13 +103,16 @@ class Delivery(Generic[T]):
 
     async def _work(self) -> None:
         while True:
-            msg = await self._queue.get()
+            msgs = [await self._queue.get()]
+            while self.batch is not None and not self._queue.empty():
+                msgs.append(self._queue.get_nowait())
             try:
-                await self.on_message(msg)
+                await self.on_messages(msgs)
             except Exception:  # the connection went away mid-ack: the server redelivers
-                log.warning("message left unacked", subject=msg.subject, exc_info=True)
+                log.warning("messages left unacked", subject=msgs[0].subject, exc_info=True)
             finally:
-                self._held.pop(id(msg), None)
+                for msg in msgs:
+                    self._held.pop(id(msg), None)
 
     async def _keep(self) -> None:
         while True:
@@ -111,51 +122,92 @@ class Delivery(Generic[T]):
                     await msg.in_progress()
 
     async def on_message(self, msg: Msg) -> None:
-        deliveries = msg.metadata.num_delivered if msg.metadata else 1
+        await self.on_messages([msg])
+
+    async def on_messages(self, msgs: list[Msg]) -> None:
+        admitted = [one for msg in msgs if (one := await self._admit(msg)) is not None]
+        if len(admitted) > 1 and self.batch is not None:
+            batch = self.batch
+            try:
+                await self._through_outage(lambda: batch([item for _, item in admitted]))
+            except Exception as exc:
+                if is_outage(exc):  # held as long as one message would be: hand them back
+                    for msg, _ in admitted:
+                        await self._failed(msg, exc)
+                    return
+                log.warning("batch failed; handling its messages one by one", error=repr(exc))
+            else:
+                self.outage.ok()
+                for msg, _ in admitted:
+                    await msg.ack()
+                return
+        for msg, item in admitted:
+            await self._handle(msg, item)
+
+    async def _admit(self, msg: Msg) -> tuple[Msg, T] | None:
+        """The message and what it parsed to, if it parses and its claims hold; else it is
+        dead-lettered (or handed back, when the check failed for another reason)."""
         try:
             item = self.parse(msg.data)
         except PARSE_ERRORS as exc:
-            await self._reject(msg, f"invalid message: {exc}", deliveries)
-            return
+            await self._reject(msg, f"invalid message: {exc}")
+            return None
+        claim = self.claim
+        if claim is None:
+            return msg, item
         try:
-            await self._handle_through_outage(msg, item)
-        except ClaimRefusedError as exc:
-            self.refused()
-            await self._reject(msg, f"refused: {exc}", deliveries)
-            return
+            await self._through_outage(lambda: claim(msg.subject, item))
         except Exception as exc:
-            await self._failed(msg, exc, deliveries)
+            await self._refuse_or_fail(msg, exc)
+            return None
+        return msg, item
+
+    async def _handle(self, msg: Msg, item: T) -> None:
+        try:
+            await self._through_outage(lambda: self.handler(item))
+        except Exception as exc:
+            await self._refuse_or_fail(msg, exc)
             return
         self.outage.ok()
         await msg.ack()
 
-    async def _reject(self, msg: Msg, reason: str, deliveries: int) -> None:
-        await self.dead_letter(msg.subject, msg.data, reason, deliveries)
+    async def _refuse_or_fail(self, msg: Msg, exc: Exception) -> None:
+        if isinstance(exc, ClaimRefusedError):
+            self.refused()
+            await self._reject(msg, f"refused: {exc}")
+        else:
+            await self._failed(msg, exc)
+
+    async def _reject(self, msg: Msg, reason: str) -> None:
+        await self.dead_letter(msg.subject, msg.data, reason, _deliveries(msg))
         await msg.term()
 
-    async def _failed(self, msg: Msg, exc: Exception, deliveries: int) -> None:
+    async def _failed(self, msg: Msg, exc: Exception) -> None:
+        deliveries = _deliveries(msg)
         if is_outage(exc):  # still away: hand it back for later, without a traceback
             with contextlib.suppress(Exception):
                 await msg.nak(delay=self.outage.delay())
         elif deliveries >= MAX_DELIVER:
-            await self._reject(msg, f"handler failed: {exc!r}", deliveries)
+            await self._reject(msg, f"handler failed: {exc!r}")
         else:
             log.exception("handler failed; will retry", subject=msg.subject)
             await msg.nak(delay=0.5 * deliveries)
 
-    async def _handle_through_outage(self, msg: Msg, item: T) -> None:
-        """Run the claim check and the handler, retrying in place while Redis or NATS is away:
-        redeliveries would spend the message's few deliveries on an outage that is not its
-        fault, and holding it keeps its order too."""
+    async def _through_outage(self, step: Callable[[], Awaitable[None]]) -> None:
+        """Run ``step`` (a claim check or a handler), retrying in place while Redis or NATS is
+        away: redeliveries would spend the message's few deliveries on an outage that is not
+        its fault, and holding it keeps its order too."""
         deadline = time.monotonic() + OUTAGE_HOLD_S
         while True:
             try:
-                if self.claim is not None:
-                    await self.claim(msg.subject, item)
-                await self.handler(item)
+                await step()
                 return
             except Exception as exc:
                 if not is_outage(exc) or time.monotonic() >= deadline:
                     raise
                 self.outage.failed(exc)
             await self.outage.pause()
+
+
+def _deliveries(msg: Msg) -> int:
+    return msg.metadata.num_delivered if msg.metadata else 1
