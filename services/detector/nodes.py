@@ -53,36 +53,32 @@ class NodeMonitor:
         # When the next READY node falls silent if no heartbeat comes first: the service wakes
         # then instead of a whole polling interval later, so a loss is seen on time.
         self.next_due = float("inf")
-        self._silent_out: set[tuple[str, str | None]] = set()  # (node, boot) already failed
+        # node → the last heartbeat its silence was judged at: judged once per silence
+        self._judged: dict[str, float] = {}
 
     async def check(self) -> list[str]:
-        """Mark every newly silent node lost; returns their ids."""
-        nodes = await self.hearing.nodes(self.state)
+        """Mark every newly silent node lost; returns their ids. Reads only the nodes the
+        heartbeat index says are silent, not every node."""
         at, timeout = now(), self.hearing.timeout_s
         lost = []
-        due = float("inf")
-        for node in nodes:
-            if node.state == NodeState.LOST:
+        for node_id, beat in await self.hearing.silent(self.state, at):
+            if self._judged.get(node_id) == beat:
                 continue
-            silent = self.hearing.silent_s(node, at)
-            if silent <= timeout:
-                due = min(due, at - silent + timeout)
-                self._silent_out.discard((node.id, node.boot_id))
-            elif node.state == NodeState.READY:
+            node = await self.state.get_node(node_id)
+            if node is None or self.hearing.silent_s(node, at) <= timeout:
+                continue  # gone, or heard since the index was read
+            if node.state == NodeState.READY:
                 if await self._mark_lost(node.id, at):
                     lost.append(node.id)
-            else:
+            elif node.state != NodeState.LOST:
                 await self._out_of_service_silent(node)
-        self.next_due = due
+            self._judged[node_id] = beat  # only once handled: a failed write is tried again
+        self.next_due = await self.hearing.next_due(self.state, at)
         return lost
 
     async def _out_of_service_silent(self, node: NodeRecord) -> None:
         """A quarantined or drained node stays so (its cooldown or the operator's decision
         outlives the silence), but workers still running on it are gone with it."""
-        key = (node.id, node.boot_id)
-        if key in self._silent_out:
-            return
-        self._silent_out.add(key)
         get_logger(node_id=node.id).warning("out-of-service node silent", state=node.state.value)
         await self._fail_jobs_on(node)
 

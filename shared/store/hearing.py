@@ -23,17 +23,27 @@ class Hearing:
         self.since = clock()  # heartbeats older than this could have been missed by us
         self._deaf = False
 
-    async def nodes(self, state: JobStore) -> list[NodeRecord]:
-        """Every node record; a read that fails (Redis away) starts a gap in our hearing."""
-        at = self.clock()
+    async def silent(self, state: JobStore, at: float) -> list[tuple[str, float]]:
+        """(node id, last heartbeat) of each node silent past the timeout at ``at``, by the
+        store's heartbeat index; a read that fails (Redis away) starts a gap in our hearing."""
         try:
-            nodes = await state.list_nodes()
+            heard = await state.heard_before(at - self.timeout_s)
         except BaseException:
             self._deaf = True
             raise
         if self._deaf:
             self.since, self._deaf = at, False
-        return nodes
+        if at - self.since <= self.timeout_s:
+            return []  # too soon after the gap: none of them could have been heard
+        return heard
+
+    async def next_due(self, state: JobStore, at: float) -> float:
+        """When the next node falls silent if no heartbeat comes first (inf: none will)."""
+        oldest = await state.first_heard_after(at - self.timeout_s)
+        due = [self.since + self.timeout_s] if self.since + self.timeout_s > at else []
+        if oldest is not None:
+            due.append(max(oldest, self.since) + self.timeout_s)
+        return min(due, default=float("inf"))
 
     def silent_s(self, node: NodeRecord, at: float) -> float:
         return node.silent_s(at, self.since)

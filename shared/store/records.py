@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ValidationError
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, WatchError
@@ -23,6 +24,7 @@ from unicron.shared.logging import get_logger
 
 M = TypeVar("M", bound=BaseModel)
 Mutation = Callable[[M], bool | None]
+Also = Callable[[Pipeline, M], object]
 # Records already reported as unreadable: a listing runs every few seconds; one line is enough.
 _unreadable: set[tuple[str, str]] = set()
 
@@ -90,18 +92,23 @@ class RedisRecords:
         raw = await self.redis.get(key)
         return None if raw is None else model.model_validate_json(raw)
 
-    async def _update(self, key: str, model: type[M], mutate: Mutation[M]) -> M | None:
-        """Apply ``mutate`` atomically; it returns False to leave the record unwritten."""
+    async def _update(
+        self, key: str, model: type[M], mutate: Mutation[M], also: Also[M] | None = None
+    ) -> M | None:
+        """Apply ``mutate`` atomically; it returns False to leave the record unwritten.
+        ``also`` adds commands to the same transaction (an index of the record, say)."""
         task = asyncio.current_task()
         cancels = task.cancelling() if task else 0
-        result = await self._update_watched(key, model, mutate)
+        result = await self._update_watched(key, model, mutate, also)
         # redis-py's pipeline cleanup can swallow a cancel that lands during its UNWATCH; a
         # task cancelled meanwhile must still stop, or its shutdown waits on it forever.
         if task is not None and task.cancelling() > cancels:
             raise asyncio.CancelledError
         return result
 
-    async def _update_watched(self, key: str, model: type[M], mutate: Mutation[M]) -> M | None:
+    async def _update_watched(
+        self, key: str, model: type[M], mutate: Mutation[M], also: Also[M] | None
+    ) -> M | None:
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -116,6 +123,8 @@ class RedisRecords:
                         return record
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.set(key, record.model_dump_json())
+                    if also is not None:
+                        also(pipe, record)
                     await pipe.execute()
                     return record
                 except WatchError:

@@ -28,13 +28,15 @@ _REFUSALS = (redis.exceptions.AuthenticationError, redis.exceptions.NoPermission
 
 def _keys(user: ServiceUser, read_only_keys: bool) -> str:
     """The keys ``user`` may touch: an agent only reads jobs and drill marks (it must not edit
-    what other nodes will run) and writes only its own node's record."""
+    what other nodes will run) and writes only its own node's record, with its entries in the
+    shared set of nodes and index of heartbeats."""
     if user.node_id is None:
         return f"~{KEY_PREFIX}*"
     read = "%R~" if read_only_keys else "~"
     return " ".join(
         [f"{read}{KEY_PREFIX}job:*", f"{read}{KEY_PREFIX}drill:*",
-         f"~{KEY_PREFIX}node:{user.node_id}", f"~{KEY_PREFIX}nodes"]
+         f"~{KEY_PREFIX}node:{user.node_id}", f"~{KEY_PREFIX}nodes",
+         f"~{KEY_PREFIX}heartbeats"]
     )  # fmt: skip
 
 

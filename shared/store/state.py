@@ -3,7 +3,9 @@
 Records are JSON documents of the models in :mod:`unicron.shared.contracts.models` and
 :mod:`unicron.shared.contracts.plans`, changed through
 :class:`unicron.shared.store.records.RedisRecords`; jobs are indexed for paging and expire after
-their retention once finished (:mod:`unicron.shared.store.jobindex`).
+their retention once finished (:mod:`unicron.shared.store.jobindex`); nodes by their last
+heartbeat, in the same transaction as each write of a node, so the detector finds the silent
+ones with one range read instead of reading every node.
 
 With Sentinels configured (``UNICRON_REDIS_SENTINELS``), the store talks to whichever server is
 primary (:mod:`unicron.shared.store.sentinel`) and a failover is an outage of a second or two that
@@ -21,6 +23,7 @@ import time
 from typing import cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from unicron.shared.addresses import SentinelTarget
 from unicron.shared.contracts.models import Job, NodeRecord
 from unicron.shared.contracts.plans import Plan
@@ -173,7 +176,25 @@ class StateStore(RedisRecords):
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self._key("node", node.id), node.model_dump_json())
             pipe.sadd(self._key("nodes"), node.id)
+            self._index_heartbeat(pipe, node)
             await pipe.execute()
+
+    def _index_heartbeat(self, pipe: Pipeline, node: NodeRecord) -> None:
+        """Nodes by their last heartbeat: who fell silent is one range read, not a scan."""
+        pipe.zadd(self._key("heartbeats"), {node.id: node.last_heartbeat})
+
+    async def heard_before(self, at: float) -> list[tuple[str, float]]:
+        """(node id, last heartbeat) of the nodes last heard before ``at``, oldest first."""
+        found = await self.redis.zrangebyscore(self._key("heartbeats"), "-inf", f"({at!r}",
+                                               withscores=True)  # fmt: skip
+        pairs = cast(list[tuple[str, float]], found)
+        return [(str(node_id), float(beat)) for node_id, beat in pairs]
+
+    async def first_heard_after(self, at: float) -> float | None:
+        """The oldest last heartbeat after ``at``: when the next node may fall silent."""
+        found = await self.redis.zrangebyscore(self._key("heartbeats"), f"({at!r}", "+inf",
+                                               start=0, num=1, withscores=True)  # fmt: skip
+        return float(found[0][1]) if found else None
 
     async def get_node(self, node_id: str) -> NodeRecord | None:
         return await self._get(self._key("node", node_id), NodeRecord)
@@ -186,7 +207,8 @@ class StateStore(RedisRecords):
         return parse_each(NodeRecord, "node", ids, raws)
 
     async def update_node(self, node_id: str, mutate: Mutation[NodeRecord]) -> NodeRecord | None:
-        return await self._update(self._key("node", node_id), NodeRecord, mutate)
+        key = self._key("node", node_id)
+        return await self._update(key, NodeRecord, mutate, also=self._index_heartbeat)
 
     async def record_node_failure(
         self, node_id: str, failure_id: str, at: float, window_s: float

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import cast
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -17,6 +18,7 @@ from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import CloudEvent
 from unicron.shared.contracts.models import NodeRecord, NodeState, now
 from unicron.shared.servers.embedded import EmbeddedServer
+from unicron.shared.store.api import JobStore
 from unicron.shared.store.hearing import Hearing
 from unicron.shared.store.state import StateStore
 
@@ -102,3 +104,40 @@ async def test_a_restarted_detector_counts_silence_from_its_start(
 
 async def _ignore(_: Candidate) -> bool:
     return True
+
+
+class CountingReads:
+    """A store that counts the node records read through it."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.records_read = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def get_node(self, node_id: str) -> NodeRecord | None:
+        self.records_read += 1
+        return await self.store.get_node(node_id)
+
+    async def list_nodes(self) -> list[NodeRecord]:
+        nodes = await self.store.list_nodes()
+        self.records_read += len(nodes)
+        return nodes
+
+
+async def test_a_check_reads_the_silent_nodes_only(bus: Bus, state: StateStore) -> None:
+    """Checked ten times a second, a scan of 2,048 node records would cost the detector half a
+    core (bench/scale.py): the heartbeat index names the silent ones."""
+    for index in range(40):
+        await state.put_node(NodeRecord(id=f"node-{index}", slots=8, last_heartbeat=now()))
+    await state.put_node(NodeRecord(id="node-silent", slots=8, last_heartbeat=now() - 60))
+    reads = CountingReads(state)
+    hearing = Hearing(timeout_s=0.6)
+    hearing.since = now() - 60  # it has been listening all along
+    monitor = NodeMonitor(bus, cast(JobStore, reads), Correlator(0.05, _ignore), hearing)
+    assert await monitor.check() == ["node-silent"]
+    assert reads.records_read <= 2  # the silent one, read and written lost
+    assert await monitor.check() == []  # judged once per silence
+    assert reads.records_read <= 2
+    assert now() + 0.5 < monitor.next_due <= now() + 0.6  # the first fresh node's deadline

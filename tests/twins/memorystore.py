@@ -172,6 +172,15 @@ class MemoryStore:
     async def put_node(self, node: NodeRecord) -> None:
         self._put(self._key("node", node.id), node)
         self.keys.zset(self._key("nodes"))[node.id] = 0.0
+        self.keys.zset(self._key("heartbeats"))[node.id] = node.last_heartbeat
+
+    async def heard_before(self, at: float) -> list[tuple[str, float]]:
+        beats = self.keys.zset(self._key("heartbeats")).items()
+        return sorted(((n, b) for n, b in beats if b < at), key=lambda nb: (nb[1], nb[0]))
+
+    async def first_heard_after(self, at: float) -> float | None:
+        return min((b for b in self.keys.zset(self._key("heartbeats")).values() if b > at),
+                   default=None)  # fmt: skip
 
     async def get_node(self, node_id: str) -> NodeRecord | None:
         return self._get(self._key("node", node_id), NodeRecord)
@@ -182,7 +191,10 @@ class MemoryStore:
         return parse_each(NodeRecord, "node", ids, raws)
 
     async def update_node(self, node_id: str, mutate: Mutation[NodeRecord]) -> NodeRecord | None:
-        return self._update(self._key("node", node_id), NodeRecord, mutate)
+        node = self._update(self._key("node", node_id), NodeRecord, mutate)
+        if node is not None:
+            self.keys.zset(self._key("heartbeats"))[node.id] = node.last_heartbeat
+        return node
 
     async def record_node_failure(
         self, node_id: str, failure_id: str, at: float, window_s: float
