@@ -3,9 +3,10 @@
 Each node (``bench/scale_nodes.py``) speaks the real agent protocol over the real bus and store:
 its own durable command consumer on ``UNICRON_COMMANDS`` (as an agent's NATS user has), the
 detector's ping, its record and heartbeat in Redis, its ranks' reports on ``UNICRON_REPORTS``
-(a ``StepCompleted`` per rank per step). The ranks of a generation step together once all of
-them joined — across fleets, which count their joined ranks to each other on core NATS, as the
-rendezvous store does for real ranks — and stop when one of them failed.
+(their steps in one ``StepsCompleted`` per node per step, as the agent's batcher sends them).
+The ranks of a generation step together once all of them joined — across fleets, which count
+their joined ranks to each other on core NATS, as the rendezvous store does for real ranks —
+and stop when one of them failed.
 
 The driver reaches the fleets on core NATS: ``bench.scale.fault`` (every fleet: the owner of the
 node injects, the others report as peers), ``bench.scale.revive``, and per fleet
@@ -37,7 +38,7 @@ from unicron.shared.contracts.messages import (
     command_subject,
 )
 from unicron.shared.contracts.models import now
-from unicron.shared.contracts.reports import AnyReport, StepCompleted
+from unicron.shared.contracts.reports import AnyReport, StepCompleted, StepsCompleted
 from unicron.shared.logging import configure_logging
 from unicron.shared.store.state import StateStore
 
@@ -164,7 +165,10 @@ class Fleet:
                 continue
             self.next_step_at[gen] = due + self.step_s
             step = self.steps[gen[0]] = self.steps.get(gen[0], 0) + 1
-            reports += [self._step(node, key, step) for node, key in ranks]
+            by_node: dict[str, list[StepCompleted]] = defaultdict(list)
+            for node, key in ranks:  # one message per node, as the agent's batcher sends
+                by_node[node.node_id].append(self._step(node, key, step))
+            reports += [StepsCompleted.of(steps) for steps in by_node.values()]
         await self.publish(reports)
 
     def _step(self, node: SimNode, key: WorkerKey, step: int) -> StepCompleted:

@@ -4,9 +4,10 @@ NATS permissions already stop an agent from publishing under another node's subj
 (docs/design.md §6). The consumers then check what the report claims against the state: the
 subject's node is the report's node, the job exists, and in the job's current generation the
 rank runs on that node. A report about the node itself (``GpuHealthReport``) names no job: only
-its node is checked. A report of an older generation is history (a replaced worker on its way
-out) and passes: the handlers themselves ignore what is stale. A refused report is
-dead-lettered and counted by the bus (``ClaimRefusedError``).
+its node is checked; a node's batch of steps (``StepsCompleted``) is checked rank by rank. A
+report of an older generation is history (a replaced worker on its way out) and passes: the
+handlers themselves ignore what is stale. A refused report is dead-lettered and counted by the
+bus (``ClaimRefusedError``).
 
 Seats never move within a generation, so the seats of a (job, generation) are cached: the
 per-step telemetry does not read the job record once per step.
@@ -23,6 +24,7 @@ from unicron.shared.contracts.reports import (
     AnyReport,
     AnyWorkerReport,
     GpuHealthReport,
+    StepsCompleted,
 )
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
@@ -72,6 +74,11 @@ class ReportClaims:
                 log.warning("report refused", node_id=node, why=forged)
                 raise ClaimRefusedError(forged)
             return
+        # a node's batch of steps holds only its own job's generation (the model checks that)
+        for each in report.steps if isinstance(report, StepsCompleted) else [report]:
+            await self._check_worker(node, each)
+
+    async def _check_worker(self, node: str | None, report: AnyWorkerReport) -> None:
         seats = self._seats.get((report.job_id, report.generation))
         if seats is not None and node == report.node_id and seats.get(report.rank) == node:
             return

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from pydantic import ValidationError
 from unicron.services.executor.progress import ProgressTracker
 from unicron.shared.bus.bus import Bus
+from unicron.shared.bus.delivery import ClaimRefusedError
 from unicron.shared.claims import ReportClaims, refusal, subject_node
 from unicron.shared.contracts.messages import DEADLETTER_SUBJECT, DeadLetter
 from unicron.shared.contracts.models import Job, JobSpec, JobState, WorkerRecord, WorkerState
 from unicron.shared.contracts.reports import (
-    WORKER_REPORT,
+    REPORT,
     AnyWorkerReport,
+    StepCompleted,
+    StepsCompleted,
     WorkerExited,
     WorkerStarted,
     report_subject,
@@ -73,7 +78,7 @@ async def test_forged_reports_are_dead_lettered_and_the_job_runs_on(
     progress = ProgressTracker(bus, state)
     claims = ReportClaims(state)
     await bus.consume(
-        "unicron.reports.>", "test-executor", WORKER_REPORT.validate_json,
+        "unicron.reports.>", "test-executor", REPORT.validate_json,
         progress.on_report, claim=claims.check,
     )  # fmt: skip
 
@@ -104,3 +109,29 @@ async def test_forged_reports_are_dead_lettered_and_the_job_runs_on(
     assert job is not None and job.state == JobState.RUNNING
     assert [w.exit_code for w in job.workers] == [None, None]
     assert letters.empty()
+
+
+def step(node: str, rank: int, job: str = "job-c", generation: int = 2) -> StepCompleted:
+    return StepCompleted(node_id=node, job_id=job, generation=generation, rank=rank, step=4,
+                         loss=0.1, iteration_s=0.2)  # fmt: skip
+
+
+def test_a_node_batches_only_its_own_steps_of_one_generation() -> None:
+    StepsCompleted.of([step("node-a", 0), step("node-a", 2)])
+    for stranger in (
+        step("node-b", 1),
+        step("node-a", 1, job="job-d"),
+        step("node-a", 1, generation=3),
+    ):
+        with pytest.raises(ValidationError, match="in a batch of node-a/job-c g2"):
+            StepsCompleted.of([step("node-a", 0), stranger])
+
+
+async def test_a_batch_of_steps_with_a_rank_of_another_node_is_refused(state: StateStore) -> None:
+    await state.create_job(running_job())
+    claims = ReportClaims(state)
+    own = StepsCompleted.of([step("node-a", 0)])
+    await claims.check(report_subject(own), own)
+    forged = StepsCompleted.of([step("node-a", 0), step("node-a", 1)])  # rank 1 is node-b's
+    with pytest.raises(ClaimRefusedError, match="runs on 'node-b', not on 'node-a'"):
+        await claims.check(report_subject(forged), forged)

@@ -15,7 +15,7 @@ from unicron.planning.costs import ConstantDowntime
 from unicron.planning.planning import plan_cluster, snapshot
 from unicron.planning.throughput import LinearThroughput
 from unicron.services.detector.signals import from_exception
-from unicron.services.executor.progress import ProgressTracker
+from unicron.services.executor.completion import _state_source
 from unicron.shared.contracts.events import FailureDetected
 from unicron.shared.contracts.models import (
     FailureRecord,
@@ -199,7 +199,7 @@ def _regrouped(sources: list[StateSource], mode: TransitionMode, joiner: bool = 
 
 def test_the_farthest_source_any_rank_used_names_the_transition() -> None:
     step = StepCompleted(**IDS, step=5, loss=0.1, iteration_s=0.1)
-    source = ProgressTracker._state_source
+    source = _state_source
     mem, disk = StateSource.MEMORY, StateSource.DISK
     assert source(_regrouped([mem, mem], TransitionMode.IN_PLACE), step)[0] == mem
     assert source(_regrouped([mem, disk], TransitionMode.IN_PLACE), step)[0] == disk

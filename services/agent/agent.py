@@ -37,6 +37,7 @@ from unicron.services.agent.regroup import Regrouper
 from unicron.services.agent.settings import AgentSettings
 from unicron.services.agent.snapshots import snapshot_store
 from unicron.services.agent.spares import SparePool
+from unicron.services.agent.steps import StepBatcher
 from unicron.services.agent.store import RendezvousStore, StorePortsExhaustedError
 from unicron.services.agent.supervisor import CommandRejectedError, Supervisor, Worker
 from unicron.shared.bus.bus import Bus
@@ -67,6 +68,7 @@ class Agent:
         self.state = state
         self.boot_id = uuid.uuid4().hex
         self.outbox = Outbox(bus)
+        self.steps = StepBatcher(self.outbox, self._local_ranks)  # every worker report: through it
         self.host = advertised_host(settings.host, settings.nats_url)
         ports = settings.store_port_choice
         self.store = RendezvousStore(self.host, ports, settings.store_bind_host)
@@ -79,7 +81,7 @@ class Agent:
         self.channel = WorkerChannel(
             socket_path,
             self.node_id,
-            self.outbox,
+            self.steps,
             identify=self._identify,
             on_generation=self._advance,
             observe=self._observe,
@@ -96,10 +98,10 @@ class Agent:
             settings.spare_delay_s,
         )
         self.supervisor = Supervisor(
-            self.node_id, settings.data_dir, registry, socket_path, self.outbox,
+            self.node_id, settings.data_dir, registry, socket_path, self.steps,
             self.slots, self.spares, self.channel.drained,
         )  # fmt: skip
-        self.hangs = HangWatch(settings, self.supervisor.live, self.outbox)
+        self.hangs = HangWatch(settings, self.supervisor.live, self.steps)
         self.gpu_health = GpuHealthWatch(
             self.node_id, self.boot_id, self.outbox, settings.gpu_health_s
         )
@@ -171,6 +173,7 @@ class Agent:
         await self.spares.close(self.settings.stop_wait_s)
         await self.supervisor.shutdown(self.settings.stop_wait_s)
         await self.channel.close()
+        self.steps.flush()
         await self.outbox.close()  # lets the workers' exit reports go out first
         self.masters.close_all()
         self.store.close()
@@ -186,6 +189,9 @@ class Agent:
     def _observe(self, launched: WorkerKey | None, report: Report) -> None:
         self.hangs.observe(launched, report)
         self.supervisor.observe(launched, report)
+
+    def _local_ranks(self, job_id: str, generation: int) -> int:
+        return sum(w.current[:2] == (job_id, generation) for w in self.supervisor.live())
 
     def _identify(self, pid: int) -> WorkerKey | None:
         """Who a process that connects to the channel is: a worker, or a warm spare."""

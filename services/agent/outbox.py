@@ -19,7 +19,7 @@ from unicron.services.agent.api import Report as Report
 from unicron.services.agent.api import Sink as Sink
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import EventData
-from unicron.shared.contracts.reports import AnyReport, StepCompleted
+from unicron.shared.contracts.reports import AnyReport, StepCompleted, StepsCompleted
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
 
@@ -54,7 +54,7 @@ class Outbox:
         self._task = asyncio.create_task(self._run(), name="outbox")
 
     def report(self, report: AnyReport) -> None:
-        droppable = isinstance(report, StepCompleted)
+        droppable = isinstance(report, StepCompleted | StepsCompleted)
         self._put(_Item(lambda: self.bus.publish_report(report), report.kind, droppable))
 
     def event(self, data: EventData) -> None:

@@ -29,6 +29,7 @@ from unicron.shared.contracts.reports import (
     AnyWorkerReport,
     GpuHealthReport,
     StepCompleted,
+    StepsCompleted,
     WorkerException,
     WorkerExited,
     WorkerHung,
@@ -63,6 +64,10 @@ class Detector:
             return False
         await self.recorder.record(cause)
         return True
+
+    async def on_steps(self, batch: StepsCompleted) -> None:
+        for step in batch.steps:
+            await self.stragglers.on_step(step)
 
     async def on_report(self, report: AnyWorkerReport) -> None:
         if isinstance(report, StepCompleted):
@@ -148,6 +153,14 @@ async def run(
                 claim=claims.check,
             )
             for kind in CONSUMED_REPORTS
+        ),
+        bus.consume(
+            reports_of_kind("steps_completed"),
+            durable="detector-steps_completed",
+            parse=StepsCompleted.model_validate_json,
+            handler=detector.on_steps,
+            deliver_new=True,
+            claim=claims.check,
         ),
         bus.consume(
             reports_of_kind("gpu_health"),

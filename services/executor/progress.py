@@ -5,33 +5,41 @@ replaced worker said on its way out — except the exit of a survivor that was t
 the current generation, which fails the in-place transition. A worker of an in-place generation
 that exits before the generation's first step fails the transition too: ``on_failed`` falls
 back to a restart from the checkpoint. The first step of a generation ends its transition:
-``transition.completed`` says where the state came from and how long each phase took. A job
+``transition.completed`` (:mod:`unicron.services.executor.completion`) says where the state
+came from and how long each phase took. A job
 with its own entrypoint may never report a step: it is RUNNING once all its workers started.
+
+Reports come in batches (``Bus.consume(batch=…)``): each job's are applied in one write of its
+record, cut after a report that moves the job's state so that each move is announced. A step of
+any rank but 0 in a generation already stepping changes nothing and is not even read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
 
+from unicron.services.executor.completion import complete_transition
 from unicron.shared.bus.bus import Bus
-from unicron.shared.contracts.events import JobStateChanged, TransitionCompleted
-from unicron.shared.contracts.models import FailureRecord, Job, JobState, PlanAction, WorkerState
+from unicron.shared.contracts.events import JobStateChanged
+from unicron.shared.contracts.models import Job, JobState, WorkerState
 from unicron.shared.contracts.reports import (
     AnyReport,
     AnyWorkerReport,
     StepCompleted,
+    StepsCompleted,
     WorkerExited,
     WorkerRegrouped,
     WorkerStarted,
 )
 from unicron.shared.contracts.roles import ServiceRole
-from unicron.shared.contracts.transitions import StateSource, TransitionMode
-from unicron.shared.logging import get_logger
+from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.store.state import StateStore
 
 Report = AnyWorkerReport
+_TRACKED = (WorkerStarted, StepCompleted, WorkerRegrouped, WorkerExited)
+REMEMBERED_GENERATIONS = 4096
 _TRANSITIONING = (JobState.STARTING, JobState.RECOVERING)
-_Change = Callable[[Job], bool]
 _EXECUTOR = ServiceRole.EXECUTOR
 TransitionFailed = Callable[[str, int, str], Awaitable[object]]
 
@@ -52,6 +60,12 @@ def _exit_text(report: WorkerExited) -> str:
     return f"g{report.generation} r{report.rank} on {report.node_id} exited ({how}{by})"
 
 
+def _each_rank(reports: list[AnyReport]) -> Iterator[AnyReport]:
+    """The reports, a node's batch of steps (``StepsCompleted``) as its ranks' steps."""
+    for report in reports:
+        yield from report.steps if isinstance(report, StepsCompleted) else [report]
+
+
 class ProgressTracker:
     def __init__(
         self, bus: Bus, state: StateStore, on_failed: TransitionFailed = _no_fallback
@@ -59,36 +73,75 @@ class ProgressTracker:
         self.bus = bus
         self.state = state
         self.on_failed = on_failed
+        # generations seen stepping: another rank's step there changes nothing in the record
+        self._stepping: OrderedDict[tuple[str, int], None] = OrderedDict()
 
     async def on_report(self, report: AnyReport) -> None:
-        if isinstance(report, WorkerStarted):
-            await self._update(report, lambda job: self._started(job, report))
-        elif isinstance(report, StepCompleted):
-            await self._on_step(report)
-        elif isinstance(report, WorkerRegrouped):
-            await self._update(report, lambda job: self._regrouped(job, report))
-        elif isinstance(report, WorkerExited):
-            await self._on_exit(report)
+        await self.on_reports([report])
 
-    async def _update(self, report: Report, change: _Change) -> tuple[Job, Job] | None:
-        before: Job | None = None
+    async def on_reports(self, reports: list[AnyReport]) -> None:
+        """Reports in the order they came; each job's are applied together, in a few writes of
+        its record however many ranks reported (``Bus.consume(batch=…)``)."""
+        by_job: dict[str, list[Report]] = {}
+        for report in _each_rank(reports):
+            if isinstance(report, _TRACKED) and not self._settled(report):
+                by_job.setdefault(report.job_id, []).append(report)
+        for job_id, pending in by_job.items():
+            while pending:
+                pending = await self._apply(job_id, pending)
+
+    def _settled(self, report: Report) -> bool:
+        """A step of a rank other than 0 in a generation already stepping: nothing to write."""
+        key = (report.job_id, report.generation)
+        return isinstance(report, StepCompleted) and report.rank != 0 and key in self._stepping
+
+    async def _apply(self, job_id: str, reports: list[Report]) -> list[Report]:
+        """Apply ``reports`` in one write, up to the first that moves the job's state or ends
+        its transition (each is announced on its own); returns the rest."""
+        applied, began, before = 0, None, None
 
         def mutate(job: Job) -> bool:
-            nonlocal before
-            before = None
-            if job.generation != report.generation or report.rank >= len(job.workers):
-                return False
+            nonlocal applied, began, before
+            applied, began, before, changed = 0, None, None, False
             snapshot = job.model_copy(deep=True)
-            if not change(job):
-                return False
-            before = snapshot
-            return True
+            for report in reports:
+                applied += 1
+                state = job.state
+                if job.generation == report.generation and report.rank < len(job.workers):
+                    moved, began = self._change(job, report)
+                    changed = moved or changed
+                if job.state != state or began is not None:
+                    break
+            before = snapshot if changed else None
+            return changed
 
-        after = await self.state.update_job(report.job_id, mutate)
-        if after is None or before is None:
-            return None
-        await self._announce(before, after)
-        return before, after
+        after = await self.state.update_job(job_id, mutate)
+        if after is None:
+            return []  # no such job (any more): nothing to track
+        if after.stepping:
+            self._stepping[(after.id, after.generation)] = None
+            while len(self._stepping) > REMEMBERED_GENERATIONS:
+                self._stepping.popitem(last=False)
+        if before is not None:
+            await self._announce(before, after)
+            if began is not None:
+                await complete_transition(self.bus, self.state, after, began)
+        exits = [r for r in reports[:applied] if isinstance(r, WorkerExited)]
+        if exits:
+            await self._after_exits(after, exits)
+        return reports[applied:]
+
+    def _change(self, job: Job, report: Report) -> tuple[bool, StepCompleted | None]:
+        """Whether ``report`` changed ``job``, and the step that ended its transition."""
+        if isinstance(report, WorkerStarted):
+            return self._started(job, report), None
+        if isinstance(report, WorkerRegrouped):
+            return self._regrouped(job, report), None
+        if isinstance(report, WorkerExited):
+            return self._exited(job, report), None
+        if isinstance(report, StepCompleted):
+            return self._advance(job, report)
+        return False, None
 
     @staticmethod
     def _started(job: Job, report: WorkerStarted) -> bool:
@@ -135,125 +188,44 @@ class ProgressTracker:
             job.set_state(JobState.SUCCEEDED, reason, by=ServiceRole.EXECUTOR)
         return True
 
-    async def _on_exit(self, report: WorkerExited) -> None:
-        await self._update(report, lambda job: self._exited(job, report))
-        # Any exit before the in-place generation's first step fails it, a clean one too (a
-        # survivor that finished the job's last step cannot re-form any more).
-        job = await self.state.get_job(report.job_id)
-        if job is None or job.transition_kind != TransitionMode.IN_PLACE or job.stepping:
-            return
-        current = job.generation == report.generation
-        # a survivor that died before (or without) taking the regroup speaks for its old rank
-        survivor = any(
-            w.from_generation == report.generation and w.from_rank == report.rank
-            for w in job.workers
-        )
-        if current or survivor:
-            await self.on_failed(job.id, job.generation, _exit_text(report))
-
-    async def _on_step(self, report: StepCompleted) -> None:
-        began = False  # this report is the generation's first step: its transition is done
-
-        def advance(job: Job) -> bool:
-            nonlocal began
-            if job.state.terminal:  # a late step of a cancelled job never revives it
-                return False
-            # a late step of a generation already recorded as failed starts nothing
-            fresh = not job.needs_recovery()
-            first_step = fresh and (job.state in _TRANSITIONING or not job.stepping)
-            began = first_step and job.state in _TRANSITIONING
-            if first_step:
-                job.stepping = True
-                if job.state != JobState.RUNNING:  # RUNNING already once its workers started
-                    reason = f"generation {job.generation} stepping"
-                    job.set_state(JobState.RUNNING, reason, by=ServiceRole.EXECUTOR)
-            if report.rank == 0 and report.step != job.step:
-                job.step = report.step
-                job.loss = report.loss
-                return True
-            return first_step
-
-        changed = await self._update(report, advance)
-        if changed is not None and began:
-            await self._complete_transition(changed[0], changed[1], report)
-
-    async def _complete_transition(self, before: Job, job: Job, report: StepCompleted) -> None:
-        failure = job.last_failure
-        lag = 2 if job.transition_fallback else 1
-        answered = failure is not None and failure.generation == job.generation - lag
-        downtime = report.at - failure.observed_at if answered and failure else None
-        started = job.transition_started_at or report.at
-        action = job.transition or PlanAction.START
-        source, resumed = self._state_source(job, report)
-        phases = await self._phases(job, report, failure if answered else None, started)
-        await self.bus.publish_event(
-            TransitionCompleted(
-                job_id=job.id,
-                action=action,
-                generation=job.generation,
-                world_size=job.world_size,
-                resumed_step=resumed,
-                downtime_s=downtime,
-                duration_s=max(0.0, report.at - started),
-                kind=job.transition_kind,
-                state_source=source,
-                phases=phases,
-                fallback=job.transition_fallback,
-            )
-        )
-        get_logger(job_id=job.id).info(
-            "transition completed",
-            generation=job.generation,
-            kind=job.transition_kind,
-            state_source=source,
-            downtime_s=downtime,
-            phases=phases,
-        )
-
     @staticmethod
-    def _state_source(job: Job, report: StepCompleted) -> tuple[StateSource, int]:
-        """Where the new generation's state came from, and the step it resumed from."""
-        regrouped = [w for w in job.workers if w.regrouped_at is not None]
-        in_place = job.transition_kind == TransitionMode.IN_PLACE
-        if report.resumed_from is not None:
-            resumed = report.resumed_from
-        elif any(w.resumed_step is not None for w in regrouped):
-            resumed = min(w.resumed_step or 0 for w in regrouped) - 1
-        elif in_place:
-            resumed = max(0, report.step - 1)
-        else:
-            resumed = 0
-        sources = [w.state_source for w in regrouped if w.state_source is not None]
-        if in_place and any(not w.survivor for w in job.workers):
-            # a joiner takes a live rank's state (its report may arrive after the first step)
-            sources.append(StateSource.PEER)
-        source = StateSource.farthest(sources)
-        if source is None:
-            fresh = StateSource.DISK if resumed > 0 else StateSource.NONE
-            source = StateSource.MEMORY if in_place else fresh
-        return source, max(0, resumed)
+    def _advance(job: Job, report: StepCompleted) -> tuple[bool, StepCompleted | None]:
+        if job.state.terminal:  # a late step of a cancelled job never revives it
+            return False, None
+        # a late step of a generation already recorded as failed starts nothing
+        fresh = not job.needs_recovery()
+        first_step = fresh and (job.state in _TRANSITIONING or not job.stepping)
+        # this report is the generation's first step: its transition is done
+        began = report if first_step and job.state in _TRANSITIONING else None
+        if first_step:
+            job.stepping = True
+            if job.state != JobState.RUNNING:  # RUNNING already once its workers started
+                reason = f"generation {job.generation} stepping"
+                job.set_state(JobState.RUNNING, reason, by=ServiceRole.EXECUTOR)
+        if report.rank == 0 and report.step != job.step:
+            job.step = report.step
+            job.loss = report.loss
+            return True, began
+        return first_step, began
 
-    async def _phases(
-        self, job: Job, report: StepCompleted, failure: FailureRecord | None, started: float
-    ) -> dict[str, float]:
-        phases: dict[str, float] = {}
-        detected = None
-        if failure is not None and failure.detected_at is not None:
-            detected = failure.detected_at
-            phases["detect"] = max(0.0, detected - failure.observed_at)
-        plan = await self.state.get_plan(job.plan_id) if job.plan_id else None
-        if failure is not None and plan is not None:
-            phases["plan"] = max(0.0, plan.created_at - (detected or failure.observed_at))
-        regrouped = [w.regrouped_at for w in job.workers if w.regrouped_at is not None]
-        ready = started
-        if regrouped:
-            ready = max(regrouped)
-            phases["regroup"] = max(0.0, ready - started)
-        transfers = [w.state_transfer_s for w in job.workers if w.state_transfer_s is not None]
-        if transfers:
-            phases["state_transfer"] = max(transfers)
-        phases["first_step"] = max(0.0, report.at - ready)
-        return {name: round(value, 4) for name, value in phases.items()}
+    async def _after_exits(self, job: Job, exits: list[WorkerExited]) -> None:
+        """Any exit before the in-place generation's first step fails it, a clean one too (a
+        survivor that finished the job's last step cannot re-form any more)."""
+        for report in exits:
+            if job.transition_kind != TransitionMode.IN_PLACE or job.stepping:
+                return
+            current = job.generation == report.generation
+            # a survivor that died before (or without) taking the regroup speaks for its old rank
+            survivor = any(
+                w.from_generation == report.generation and w.from_rank == report.rank
+                for w in job.workers
+            )
+            if current or survivor:
+                await self.on_failed(job.id, job.generation, _exit_text(report))
+                fresh = await self.state.get_job(job.id)  # the fallback may have moved it on
+                if fresh is None:
+                    return
+                job = fresh
 
     async def on_failure_detected(self, failure_id: str, job_id: str, detected_at: float) -> None:
         """Note when a job's last failure was detected, for the detect and plan phases."""

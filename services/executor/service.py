@@ -102,5 +102,6 @@ async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: Execut
         REPORT.validate_json,  # an agent's report on its node too: passed over, not refused
         records.gated(executor.progress.on_report),
         claim=records.gated(ReportClaims(state).check),
+        batch=records.gated(executor.progress.on_reports),  # a burst: a few writes per job
     )
     await asyncio.gather(executor.loop(stop), records.watch(stop))

@@ -18,7 +18,7 @@ from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore
 from unicron.shared.contracts.events import FailureDetected, TransitionCompleted
 from unicron.shared.contracts.models import now
-from unicron.shared.contracts.reports import StepCompleted
+from unicron.shared.contracts.reports import StepCompleted, StepsCompleted
 from unicron.shared.logging import get_logger
 from unicron.shared.store.state import StateStore
 
@@ -42,6 +42,11 @@ class Feedback:
         self.model = model  # None: the throughput model has no step times to calibrate
         self._steps: dict[str, _Steps] = {}
         self._seen: set[tuple[str, int]] = set()  # (job, generation) whose warm-up step passed
+
+    async def on_steps(self, batch: StepsCompleted) -> None:
+        """Bus handler for a node's batch of steps: its rank 0's, if it holds it."""
+        for step in batch.steps:
+            await self.on_report(step)
 
     async def on_report(self, report: object) -> None:
         """Bus handler for ``unicron.reports.*.step_completed``: remember, write later."""

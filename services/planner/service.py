@@ -35,14 +35,15 @@ from unicron.shared.contracts import events
 from unicron.shared.contracts.events import CloudEvent
 from unicron.shared.contracts.models import now
 from unicron.shared.contracts.plans import Plan
-from unicron.shared.contracts.reports import WORKER_REPORT
+from unicron.shared.contracts.reports import WORKER_REPORT, StepsCompleted
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage, describe, is_outage
 from unicron.shared.service import ServiceBody
 from unicron.shared.store.lease import PLANNER_LEASE
 from unicron.shared.store.state import StateStore
 
-STEPS_SUBJECT = reports_of_kind("step_completed")
+STEPS_SUBJECT = reports_of_kind("step_completed")  # an agent of an earlier release's
+STEP_BATCHES_SUBJECT = reports_of_kind("steps_completed")
 DURABLE = "planner"
 TRIGGERS = frozenset(
     t.TYPE
@@ -134,6 +135,10 @@ class Planner:
             await term_bus.consume(
                 STEPS_SUBJECT, "planner-steps", WORKER_REPORT.validate_json,
                 self.feedback.on_report, deliver_new=True,
+            )  # fmt: skip
+            await term_bus.consume(
+                STEP_BATCHES_SUBJECT, "planner-step-batches", StepsCompleted.model_validate_json,
+                self.feedback.on_steps, deliver_new=True,
             )  # fmt: skip
             tasks = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._tick())]
             await self.lease.keep(stop)

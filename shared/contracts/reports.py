@@ -3,9 +3,10 @@
 A worker sends these over its agent's local channel; the agent forwards each
 :data:`WorkerReport` as it is to ``unicron.reports.<node_id>.<kind>`` (stream
 ``UNICRON_REPORTS``), except ``WorkerPhase``, which is for the agent alone, as is the worker's
-opening ``WorkerHello``. An agent also reports on its node itself (:class:`GpuHealthReport`),
-on the same subjects; that report is not a :data:`WorkerReport`, so no worker can send one. The
-other direction, commands to agents and directives to workers, is
+opening ``WorkerHello``, and ``StepCompleted``, which goes out with the node's other ranks'
+steps in one :class:`StepsCompleted`. An agent also reports on its node itself
+(:class:`GpuHealthReport`), on the same subjects; neither is a :data:`WorkerReport`, so no
+worker can send one. The other direction, commands to agents and directives to workers, is
 :mod:`unicron.shared.contracts.messages`.
 """
 
@@ -184,7 +185,37 @@ class GpuHealthReport(Message):
         return severity_of(self.category)[0]
 
 
-AnyReport = AnyWorkerReport | GpuHealthReport
+class StepsCompleted(Message):
+    """A node's agent sends its ranks' steps of one job's generation together: one message per
+    node per step, not one per rank (``unicron.services.agent.steps``). Each item is the rank's
+    own ``StepCompleted`` as its worker sent it."""
+
+    kind: Literal["steps_completed"] = "steps_completed"
+    node_id: str
+    job_id: str
+    generation: int
+    steps: list[StepCompleted] = Field(min_length=1, max_length=4096)
+
+    @model_validator(mode="after")
+    def _one_node_job_and_generation(self) -> StepsCompleted:
+        for step in self.steps:
+            if (step.node_id, step.job_id, step.generation) != (
+                self.node_id, self.job_id, self.generation,
+            ):  # fmt: skip
+                raise ValueError(
+                    f"a step of {step.node_id}/{step.job_id} g{step.generation} in a batch of "
+                    f"{self.node_id}/{self.job_id} g{self.generation}"
+                )
+        return self
+
+    @classmethod
+    def of(cls, steps: list[StepCompleted]) -> StepsCompleted:
+        first = steps[0]
+        return cls(node_id=first.node_id, job_id=first.job_id, generation=first.generation,
+                   steps=steps)  # fmt: skip
+
+
+AnyReport = AnyWorkerReport | GpuHealthReport | StepsCompleted
 # Every report on the bus, for a consumer of the whole stream: workers' and agents' own.
 REPORT = TypeAdapter(Annotated[AnyReport, Field(discriminator="kind")])
 
@@ -194,6 +225,9 @@ def report_id(report: AnyReport) -> str:
     if isinstance(report, GpuHealthReport):
         where = f"{report.node_id}:{report.boot_id}:{report.gpu}"
         return f"{report.kind}:{where}:{report.signal.value}:{report.at:.6f}"
+    if isinstance(report, StepsCompleted):
+        first = report.steps[0]
+        return f"{report.kind}:{report.job_id}:{report.generation}:{first.rank}:{first.step}"
     base = f"{report.kind}:{report.job_id}:{report.generation}:{report.rank}"
     if isinstance(report, StepCompleted | WorkerPhase):
         return f"{base}:{report.step}"

@@ -29,7 +29,7 @@ from unicron.shared.bus.bus import Bus, parse_event
 from unicron.shared.contracts.events import CloudEvent, NodeJoined
 from unicron.shared.contracts.messages import DeadLetter, Rendezvous, StartWorker
 from unicron.shared.contracts.models import Job, JobSpec, JobState, NodeRecord
-from unicron.shared.contracts.reports import WORKER_REPORT
+from unicron.shared.contracts.reports import REPORT, StepsCompleted
 from unicron.shared.contracts.workerchannel import AnyWorkerDirective, parse_directive
 from unicron.shared.store.state import StateStore
 
@@ -216,8 +216,10 @@ class Inbox:
         self.unclaimed: list[object] = []  # arrived while another kind was awaited
 
     async def put(self, item: object) -> None:
-        self.seen.append(item)
-        await self.queue.put(item)
+        # a node's batch of steps, as the ranks' own steps: tests wait for those
+        for each in item.steps if isinstance(item, StepsCompleted) else [item]:
+            self.seen.append(each)
+            await self.queue.put(each)
 
     async def next(self, match: Callable[[object], bool], within: float = 10.0) -> object:
         """The oldest matching message not yet returned. Messages from different sources (a
@@ -255,7 +257,7 @@ class Heard(NamedTuple):
 
 @pytest.fixture
 async def heard(bus: Bus) -> Heard:
-    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
+    reports = await inbox(bus, f"unicron.reports.{NODE}.>", REPORT.validate_json)
     return Heard(reports, await inbox(bus, "unicron.deadletter", DeadLetter.model_validate_json))
 
 

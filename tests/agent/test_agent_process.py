@@ -24,7 +24,7 @@ from unicron.shared.contracts.events import NodeJoined
 from unicron.shared.contracts.messages import DeadLetter, StopWorkers, command_subject
 from unicron.shared.contracts.models import NodeRecord, NodeState
 from unicron.shared.contracts.reports import (
-    WORKER_REPORT,
+    REPORT,
     StepCompleted,
     WorkerExited,
     WorkerStarted,
@@ -167,7 +167,7 @@ async def test_agent_rides_out_nats_and_redis_outages(
     redis_server: EmbeddedServer,
     tmp_path: Path,
 ) -> None:
-    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
+    reports = await inbox(bus, f"unicron.reports.{NODE}.>", REPORT.validate_json)
     await send_start(bus, state, start_cmd("job-a", "hang"))
     worker = await reports.report(WorkerStarted, job_id="job-a")
     await reports.report(StepCompleted, job_id="job-a")

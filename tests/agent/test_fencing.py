@@ -19,7 +19,7 @@ from unicron.services.agent.fence import Fence
 from unicron.services.agent.settings import AgentSettings
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.models import NodeState, now
-from unicron.shared.contracts.reports import WORKER_REPORT, WorkerExited
+from unicron.shared.contracts.reports import REPORT, WorkerExited
 from unicron.shared.servers.embedded import EmbeddedServer
 from unicron.shared.store.state import StateStore
 
@@ -86,7 +86,7 @@ async def test_a_node_cut_off_for_node_timeout_stops_its_workers(
     redis_server: EmbeddedServer,
     nats_server: EmbeddedServer,
 ) -> None:
-    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
+    reports = await inbox(bus, f"unicron.reports.{NODE}.>", REPORT.validate_json)
     timeout = node.settings.node_timeout_s
     pids = [w.proc.pid for w in node.supervisor.live()]
 

@@ -8,7 +8,7 @@ import subprocess
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import NodeJoined
 from unicron.shared.contracts.models import NodeWorker
-from unicron.shared.contracts.reports import WORKER_REPORT, WorkerStarted
+from unicron.shared.contracts.reports import REPORT, WorkerStarted
 from unicron.shared.store.state import StateStore
 
 from tests.agent.conftest import NODE, inbox, node_record, send_start, start_cmd
@@ -17,7 +17,7 @@ from tests.agent.conftest import NODE, inbox, node_record, send_start, start_cmd
 async def test_a_lost_node_record_comes_back_with_the_workers_it_runs(
     bus: Bus, state: StateStore, agent: subprocess.Popen[bytes], joined: NodeJoined
 ) -> None:
-    reports = await inbox(bus, f"unicron.reports.{NODE}.>", WORKER_REPORT.validate_json)
+    reports = await inbox(bus, f"unicron.reports.{NODE}.>", REPORT.validate_json)
     await send_start(bus, state, start_cmd("job-a", "hang", generation=2, rank=1))
     started = await reports.report(WorkerStarted, job_id="job-a")
     runs = [NodeWorker(job_id="job-a", generation=2, rank=1, pid=started.pid)]

@@ -27,7 +27,7 @@ from unicron.shared.contracts.models import (
     WorkerState,
 )
 from unicron.shared.contracts.plans import JobAllocation, Plan
-from unicron.shared.contracts.reports import REPORT_SUBJECT_PREFIX, WORKER_REPORT
+from unicron.shared.contracts.reports import REPORT, REPORT_SUBJECT_PREFIX
 from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.store.state import StateStore
 
@@ -91,8 +91,8 @@ async def executor(bus: Bus, state: StateStore, tmp_path: Path) -> AsyncIterator
         "unicron.events.failure.detected", "executor-failures", parse_event, ex.on_event
     )
     await bus.consume(
-        f"{REPORT_SUBJECT_PREFIX}>", "executor-reports", WORKER_REPORT.validate_json,
-        ex.progress.on_report,
+        f"{REPORT_SUBJECT_PREFIX}>", "executor-reports", REPORT.validate_json,
+        ex.progress.on_report, batch=ex.progress.on_reports,
     )  # fmt: skip
     yield ex
 
