@@ -25,6 +25,7 @@ from unicron.services.executor.commands import (
     send_regroups,
     send_starts,
     send_stops,
+    stop_targets,
 )
 from unicron.services.executor.settings import ExecutorSettings
 from unicron.services.executor.survivors import finishing, in_place_workers
@@ -163,7 +164,8 @@ class TransitionRunner:
         # say), and the starts come last, onto the GPUs the stop freed: one rank per GPU.
         if job.transition_kind == TransitionMode.IN_PLACE and not give_up:
             await send_regroups(self.bus, job, nodes)
-        await send_stops(self.bus, job, sorted(nodes), job.generation, alloc.action.value)
+        targets = stop_targets(job, old, nodes)
+        await send_stops(self.bus, job, targets, job.generation, alloc.action.value)
         if not give_up:
             await send_starts(self.bus, job, nodes)
             await self.bus.publish_event(
@@ -228,7 +230,8 @@ class TransitionRunner:
         log = get_logger(job_id=job_id)
         log.warning("in-place transition failed; restarting from the checkpoint", why=why)
         nodes = {n.id: n for n in await self.state.list_nodes()}
-        await send_stops(self.bus, job, sorted(nodes), job.generation, f"fallback: {why}")
+        targets = stop_targets(job, before, nodes)
+        await send_stops(self.bus, job, targets, job.generation, f"fallback: {why}")
         try:
             await send_starts(self.bus, job, nodes)
         except MissingNodeError:
@@ -269,7 +272,8 @@ class TransitionRunner:
         if job is None or before is None:
             return
         below = job.generation if not job.state.terminal else None
-        await send_stops(self.bus, job, sorted(nodes), below, f"plan {plan.seq}: stop")
+        targets = stop_targets(job, before, nodes)
+        await send_stops(self.bus, job, targets, below, f"plan {plan.seq}: stop")
         await self._announce(before, job)
 
     async def _announce(self, old: Job, new: Job) -> None:
