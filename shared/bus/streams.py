@@ -32,6 +32,10 @@ STREAMS: dict[str, list[str]] = {
     DEADLETTER_STREAM: [DEADLETTER_SUBJECT],
 }
 REPORTS_MAX_AGE_S = 24 * 3600.0
+# Every agent holds one durable consumer on the commands stream; nats-server refuses a stream's
+# consumer beyond its max_consumers, 1,000 when the stream does not say (measured on 2.15 by
+# bench/scale.py: a cluster of more than ~1,000 nodes could not start its agents).
+COMMANDS_MAX_CONSUMERS = 100_000
 
 
 def reports_of_kind(kind: str) -> str:

@@ -17,7 +17,13 @@ from nats.js.api import ObjectStoreConfig, StreamConfig
 from nats.js.errors import APIError, BadRequestError, BucketNotFoundError
 from unicron.shared.bus.checkpoints import CHECKPOINTS_BUCKET, checkpoints_config
 from unicron.shared.bus.packages import PACKAGES_BUCKET
-from unicron.shared.bus.streams import REPORTS_MAX_AGE_S, REPORTS_STREAM, STREAMS
+from unicron.shared.bus.streams import (
+    COMMANDS_MAX_CONSUMERS,
+    COMMANDS_STREAM,
+    REPORTS_MAX_AGE_S,
+    REPORTS_STREAM,
+    STREAMS,
+)
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import BUS_ERRORS
 
@@ -40,9 +46,11 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None) -> None:
     try:
         for name, subjects in STREAMS.items():
             max_age = REPORTS_MAX_AGE_S if name == REPORTS_STREAM else None
+            consumers = COMMANDS_MAX_CONSUMERS if name == COMMANDS_STREAM else None
             config = StreamConfig(
-                name=name, subjects=subjects, max_age=max_age, num_replicas=replicas or 1
-            )
+                name=name, subjects=subjects, max_age=max_age, num_replicas=replicas or 1,
+                max_consumers=consumers,
+            )  # fmt: skip
             try:
                 await js.add_stream(config)
             except BadRequestError as exc:  # it exists, with another configuration
