@@ -48,6 +48,7 @@ FAULT_SUBJECT = "bench.scale.fault"
 REVIVE_SUBJECT = "bench.scale.revive"
 JOINED_SUBJECT = "bench.scale.joined"
 PUBLISH_BATCH = 512
+REDIS_AT_ONCE = 32
 Generation = tuple[str, int]
 
 
@@ -80,6 +81,7 @@ class Fleet:
         self.arrivals: dict[Generation, Arrivals] = defaultdict(Arrivals)
         self.published = 0
         self._dirty: set[Generation] = set()
+        self._redis = asyncio.Semaphore(REDIS_AT_ONCE)  # within the client's connection pool
 
     # --- start ------------------------------------------------------------------------------
 
@@ -103,7 +105,8 @@ class Fleet:
         await asyncio.gather(*(self._register(n) for n in self.nodes.values()))
 
     async def _register(self, node: SimNode) -> None:
-        await self.state.put_node(node.record())
+        async with self._redis:
+            await self.state.put_node(node.record())
         joined = NodeJoined(node_id=node.node_id, slots=node.slots, host="127.0.0.1",
                             boot_id=node.boot_id)  # fmt: skip
         await self.bus.publish_event(joined)
@@ -114,10 +117,9 @@ class Fleet:
         """Each node beats once per interval, the nodes spread over it as real ones are."""
         order = list(self.nodes.values())
         gap = self.heartbeat_s / max(1, len(order))
-        limit = asyncio.Semaphore(64)
 
         async def beat(node: SimNode) -> None:
-            async with limit:
+            async with self._redis:
                 if await self.state.update_node(node.node_id, node.beat) is None:
                     await self.state.put_node(node.record())
 
