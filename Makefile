@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.installed-frameworks
 TORCH := torch==2.13.0
 
-.PHONY: demo test test-multihost test-slow test-gpu test-all lint imports view bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos up clean
+.PHONY: demo test test-multihost test-slow test-gpu test-all lint imports view bench-detect bench-overhead bench-plan bench-recover bench-simulate bench-chaos bench-scale up clean
 
 # torch is named in both installs: with the project's extras alone, pip 26's resolver swaps the
 # CPU wheel for a CUDA build of several GB.
@@ -61,7 +61,7 @@ lint: imports
 	  | sed -E "s#^$(VIEW)/unicron/(cli|planning|services|shared|simulator|trainer)/#\1/#; s#^$(VIEW)/##"
 
 # `make bench-NAME` runs bench/NAME.py.
-BENCHES := detect overhead plan recover simulate chaos
+BENCHES := detect overhead plan recover simulate chaos scale
 $(addprefix bench-,$(BENCHES)): bench-%: $(STAMP)
 	$(BIN)/python bench/$*.py
 

@@ -82,6 +82,7 @@ class Fleet:
         self.published = 0
         self._dirty: set[Generation] = set()
         self._redis = asyncio.Semaphore(REDIS_AT_ONCE)  # within the client's connection pool
+        self._wake_at = 0.0  # when the stepping loop next has work: now, after any change
 
     # --- start ------------------------------------------------------------------------------
 
@@ -149,7 +150,12 @@ class Fleet:
             await self._step_due()
 
     async def _step_due(self) -> None:
+        """Step every generation whose step is due. The scan over every rank runs only when a
+        step is due or something changed: ten thousand ranks every 20 ms starved the fleet."""
         at = now()
+        if at < self._wake_at:
+            return
+        self._wake_at = float("inf")
         live: dict[Generation, list[tuple[SimNode, WorkerKey]]] = defaultdict(list)
         broken: set[Generation] = set()
         for node in self.nodes.values():
@@ -163,15 +169,18 @@ class Fleet:
             if gen in broken or sum(self.joined[gen].values()) < self.worlds.get(gen, 1 << 30):
                 continue
             due = self.next_step_at.setdefault(gen, at)
-            if at < due:
-                continue
-            self.next_step_at[gen] = due + self.step_s
-            step = self.steps[gen[0]] = self.steps.get(gen[0], 0) + 1
-            by_node: dict[str, list[StepCompleted]] = defaultdict(list)
-            for node, key in ranks:  # one message per node, as the agent's batcher sends
-                by_node[node.node_id].append(self._step(node, key, step))
-            reports += [StepsCompleted.of(steps) for steps in by_node.values()]
+            if at >= due:
+                due = self.next_step_at[gen] = due + self.step_s
+                reports += self._steps_of(gen, ranks)
+            self._wake_at = min(self._wake_at, due)
         await self.publish(reports)
+
+    def _steps_of(self, gen: Generation, ranks: list[tuple[SimNode, WorkerKey]]) -> list[AnyReport]:
+        step = self.steps[gen[0]] = self.steps.get(gen[0], 0) + 1
+        by_node: dict[str, list[StepCompleted]] = defaultdict(list)
+        for node, key in ranks:  # one message per node, as the agent's batcher sends
+            by_node[node.node_id].append(self._step(node, key, step))
+        return [StepsCompleted.of(steps) for steps in by_node.values()]
 
     def _step(self, node: SimNode, key: WorkerKey, step: int) -> StepCompleted:
         return StepCompleted(
@@ -188,6 +197,7 @@ class Fleet:
     # --- commands -----------------------------------------------------------------------------
 
     async def _command(self, msg: Msg) -> None:
+        self._wake_at = 0.0
         node = self.nodes[msg.subject.rsplit(".", 1)[-1]]  # the command's own subject
         if not node.alive:
             await msg.ack()  # lost with the node; its next boot starts with nothing
@@ -213,6 +223,7 @@ class Fleet:
         self._dirty.add(gen)
 
     async def _on_joined(self, msg: Msg) -> None:
+        self._wake_at = 0.0
         fleet, job_id, generation, count = json.loads(msg.data)
         self.joined[(job_id, generation)][fleet] = count
 
@@ -224,6 +235,7 @@ class Fleet:
     # --- the driver's requests ----------------------------------------------------------------
 
     async def _fault(self, msg: Msg) -> None:
+        self._wake_at = 0.0
         ask = json.loads(msg.data)
         key = WorkerKey(ask["job_id"], ask["generation"], ask["rank"])
         node = self.nodes.get(ask["node_id"])
@@ -236,6 +248,7 @@ class Fleet:
         await self.publish(peers)
 
     async def _revive(self, msg: Msg) -> None:
+        self._wake_at = 0.0
         node = self.nodes.get(msg.data.decode())
         if node is not None and not node.alive:
             node.reboot()
