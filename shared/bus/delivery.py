@@ -121,9 +121,6 @@ class Delivery(Generic[T]):
                 with contextlib.suppress(Exception):  # NATS may be the one that is away
                     await msg.in_progress()
 
-    async def on_message(self, msg: Msg) -> None:
-        await self.on_messages([msg])
-
     async def on_messages(self, msgs: list[Msg]) -> None:
         admitted = [one for msg in msgs if (one := await self._admit(msg)) is not None]
         if len(admitted) > 1 and self.batch is not None:
