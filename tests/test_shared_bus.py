@@ -143,9 +143,16 @@ async def test_a_burst_reaches_a_batch_handler_together_and_a_bad_message_fails_
     letters: asyncio.Queue[DeadLetter] = asyncio.Queue()
     await bus.consume("unicron.deadletter", "test-dl", DeadLetter.model_validate_json, letters.put)
     await bus.consume("unicron.events.>", "test-batch", parse_event, one, batch=many)
-    for name in names:  # all but the first queue up behind it while it is held
-        await bus.publish_event(JobSubmitted(job_id=name, name="x", spec=JobSpec(name="x")))
+
+    def submitted(name: str) -> JobSubmitted:
+        return JobSubmitted(job_id=name, name="x", spec=JobSpec(name="x"))
+
+    # The first alone: published with the rest, it could reach a busy client with others and
+    # be handled in a batch of them.
+    await bus.publish_event(submitted(names[0]))
     await asyncio.wait_for(first_held.wait(), 5)
+    for name in names[1:]:  # they queue up behind the first while it is held
+        await bus.publish_event(submitted(name))
 
     async def delivered() -> int:
         info = await bus.js.consumer_info("UNICRON_EVENTS", "test-batch")

@@ -56,6 +56,7 @@ from unicron.shared.contracts.roles import agent_user
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
 from unicron.shared.store.state import StateStore
+from unicron.shared.tasks import cancel_and_wait
 
 log = get_logger(component="agent")
 
@@ -166,10 +167,7 @@ class Agent:
 
     async def close(self) -> None:
         # workers killed on the way out are not hangs, and the fence has nothing left to do
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks, what="agent loops")
         await self.spares.close(self.settings.stop_wait_s)
         await self.supervisor.shutdown(self.settings.stop_wait_s)
         await self.channel.close()

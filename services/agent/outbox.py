@@ -22,6 +22,7 @@ from unicron.shared.contracts.events import EventData
 from unicron.shared.contracts.reports import AnyReport, StepCompleted, StepsCompleted
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
+from unicron.shared.tasks import cancel_and_wait
 
 log = get_logger(component="outbox")
 
@@ -110,6 +111,4 @@ class Outbox:
         if self._items:
             log.warning("outbox closed with messages unsent", pending=len(self._items))
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task], what="outbox sender")

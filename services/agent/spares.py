@@ -38,6 +38,7 @@ from unicron.shared.contracts.workerchannel import WorkerEnv, env_name
 from unicron.shared.logging import get_logger
 from unicron.shared.procs import die_with_parent
 from unicron.shared.servers.credentials import without_credentials
+from unicron.shared.tasks import cancel_and_wait
 
 log = get_logger(component="spares")
 # A warming spare (importing torch) must not slow the node's workers: it runs at this niceness
@@ -126,9 +127,7 @@ class SparePool:
     async def close(self, wait_s: float = 5.0) -> None:
         self._closing = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task], what="spare keeper")
         victims = self.waiting()
         for spare in victims:
             kill_group(spare.proc.pid)

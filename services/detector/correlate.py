@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from unicron.services.detector.signals import Candidate, root_cause
 from unicron.shared.outage import Outage, is_outage
+from unicron.shared.tasks import cancel_and_wait
 
 # Records the root cause; False when it was dismissed as no fault at all, so that later reports
 # of the same generation are still heard.
@@ -109,6 +110,4 @@ class Correlator:
             raise
 
     async def close(self) -> None:
-        for timer in list(self._timers):
-            timer.cancel()
-        await asyncio.gather(*self._timers, return_exceptions=True)
+        await cancel_and_wait(list(self._timers), what="correlation timers")

@@ -41,6 +41,7 @@ from unicron.shared.outage import Outage, describe, is_outage
 from unicron.shared.service import ServiceBody
 from unicron.shared.store.lease import PLANNER_LEASE
 from unicron.shared.store.state import StateStore
+from unicron.shared.tasks import cancel_and_wait
 
 STEPS_SUBJECT = reports_of_kind("step_completed")  # an agent of an earlier release's
 STEP_BATCHES_SUBJECT = reports_of_kind("steps_completed")
@@ -55,7 +56,6 @@ TRIGGERS = frozenset(
 RECONCILE = "reconcile"
 
 log = get_logger(component="planner")
-CANCEL_WAIT_S = 5.0
 
 
 class Planner:
@@ -143,9 +143,7 @@ class Planner:
             tasks = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._tick())]
             await self.lease.keep(stop)
         finally:
-            for task in tasks:
-                task.cancel()
-            await _settle(tasks)
+            await cancel_and_wait(tasks, what="planner loops")
             with contextlib.suppress(Exception):
                 await term_bus.close()
         if not stop.is_set():
@@ -245,16 +243,3 @@ def planner_body(settings: PlannerSettings) -> ServiceBody:
         await Planner(bus, state, settings).run(stop)
 
     return body
-
-
-async def _settle(tasks: list[asyncio.Task[None]]) -> None:
-    """Wait for cancelled tasks, a bounded time: a client library can swallow a cancel that
-    lands mid-command, and a planner waiting on such a task would never stand by or plan again."""
-    if not tasks:
-        return
-    done, stuck = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
-    for task in stuck:
-        log.error("planner task ignored its cancel; left behind", task=task.get_name())
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("planner task failed", error=repr(task.exception()))

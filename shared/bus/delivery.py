@@ -34,6 +34,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage, is_outage
+from unicron.shared.tasks import cancel_and_wait
 
 T = TypeVar("T")
 log = get_logger(component="bus")
@@ -91,9 +92,7 @@ class Delivery(Generic[T]):
         self._tasks = [asyncio.create_task(self._work()), asyncio.create_task(self._keep())]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks, what="bus delivery")
 
     async def receive(self, msg: Msg) -> None:
         """The subscription's callback: returns at once, so every held message is ours to
