@@ -100,7 +100,8 @@ def assert_blamed_on_the_code(job: dict[str, Any], api: httpx.Client, redis_url:
     [
         pytest.param("0", "3", "no", id="its-exit-first"),
         pytest.param("0.5", "0", "yes", id="its-exit-last-error-file"),
-        pytest.param("4", "0", "no", id="its-exit-seconds-after"),
+        # the same order as the second, seconds apart: the slow suite's (28 s)
+        pytest.param("4", "0", "no", id="its-exit-seconds-after", marks=pytest.mark.slow),
     ],
 )
 def test_the_rank_that_raised_is_named_whatever_order_the_exits_arrive_in(

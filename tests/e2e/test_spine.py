@@ -73,7 +73,12 @@ def test_two_jobs_share_the_slots(api: httpx.Client) -> None:
         assert wait_terminal(api, job["id"])["state"] == "SUCCEEDED"
 
 
-@pytest.mark.parametrize("service", ["planner", "executor", "detector", "api"])
+# The api holds no state of its own (every route reads Redis): its restart is the slow suite's,
+# to keep `make test` under its 15 minutes.
+@pytest.mark.parametrize(
+    "service",
+    ["planner", "executor", "detector", pytest.param("api", marks=pytest.mark.slow)],
+)
 def test_control_plane_restart_loses_nothing(stack: Stack, service: str) -> None:
     client = httpx.Client(base_url=stack.api_url, timeout=10)
     job = client.post("/v1/jobs", json=small_job(f"restart-{service}", steps=50)).json()
