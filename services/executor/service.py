@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 
 from unicron.services.executor.commands import send_starts
+from unicron.services.executor.fastpath import FastPath
 from unicron.services.executor.progress import ProgressTracker
 from unicron.services.executor.rebuild import Rebuilder
 from unicron.services.executor.settings import ExecutorSettings
@@ -36,6 +37,7 @@ class Executor:
         self.settings = settings
         self.transitions = TransitionRunner(bus, state, settings)
         self.progress = ProgressTracker(bus, state, on_failed=self.transitions.fall_back)
+        self.fast_path = FastPath(state, self.transitions)
 
     async def on_event(self, event: CloudEvent) -> None:
         data = event.typed()
@@ -44,6 +46,8 @@ class Executor:
                 await self.progress.on_failure_detected(
                     data.failure_id, data.job_id, data.detected_at
                 )
+                if self.settings.fast_path:
+                    await self.fast_path.on_failure(data)
             return
         if not isinstance(data, PlanCreated):
             return

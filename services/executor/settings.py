@@ -11,3 +11,6 @@ class ExecutorSettings(CommonSettings):
     max_recoveries: int = 20
     # an in-place transition that has not stepped by then falls back to the checkpoint
     regroup_timeout_s: float = 30.0
+    # a reattempt or a crashed rank's restart on the job's own nodes is carried out at once from
+    # the standing plan, without waiting for the planner (services/executor/fastpath.py)
+    fast_path: bool = True

@@ -100,8 +100,17 @@ class TransitionRunner:
             elif allocation.action == PlanAction.STOP:
                 await self.stop(allocation, plan, nodes)
 
-    async def launch(self, alloc: JobAllocation, plan: Plan, nodes: dict[str, NodeRecord]) -> None:
+    async def launch(
+        self,
+        alloc: JobAllocation,
+        plan: Plan,
+        nodes: dict[str, NodeRecord],
+        source: str | None = None,
+    ) -> None:
+        """Start the job's next generation as ``alloc`` says; ``source`` names what asked for
+        it in the job's history (default: the plan's number)."""
         log = get_logger(job_id=alloc.job_id, plan_id=plan.id)
+        source = source or f"plan {plan.seq}"
         before: Job | None = None
         give_up = False
 
@@ -139,7 +148,7 @@ class TransitionRunner:
             job.transition = alloc.action
             if alloc.action == PlanAction.RESTART:
                 job.recoveries += 1
-            reason = f"plan {plan.seq}: {alloc.action.value} on {alloc.workers} workers"
+            reason = f"{source}: {alloc.action.value} on {alloc.workers} workers"
             if kept is not None:
                 survivors = sum(w.survivor for w in kept)
                 reason += (
