@@ -146,14 +146,14 @@ def broadcast_object(obj: object, src: int, group: dist.ProcessGroup, device: to
     mine = group.rank() == src
     data = _to_tensor(obj, device) if mine else torch.empty(0, dtype=torch.uint8, device=device)
     size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
-    _broadcast(size, src, group)
+    broadcast(size, src, group)
     if not mine:
         data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    _broadcast(data, src, group)
+    broadcast(data, src, group)
     return obj if mine else _from_tensor(data)
 
 
-def _broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> None:
+def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> None:
     options = dist.BroadcastOptions()
     options.rootRank, options.rootTensor = src, 0
     group.broadcast([tensor], options).wait()

@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 from unicron.shared.contracts.transitions import StateSource
 from unicron.shared.logging import get_logger
-from unicron.trainer.comm import all_gather_object, broadcast_object
+from unicron.trainer.comm import all_gather_object
 from unicron.trainer.parallel import StepWork
 from unicron.trainer.replica import Replica
 from unicron.trainer.resume import object_device, resume_from_checkpoint
+from unicron.trainer.statecast import broadcast_state
 from unicron.trainer.storage import CheckpointStore
 
 log = get_logger(component="unicron.trainer.handoff")
@@ -157,7 +158,7 @@ def hand_off(
         source = StateSource.DISK if step > 0 else StateSource.NONE
     elif plan.source is not None:
         state = replica.capture(replica.next_step - 1) if rank == plan.source else None
-        received = broadcast_object(state, plan.source, group, device)
+        received = broadcast_state(state, plan.source, group, device)
         if rank in plan.receivers:
             assert isinstance(received, dict)
             replica.restore(received)

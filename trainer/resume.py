@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 from unicron.shared.contracts.transitions import StateSource
 from unicron.shared.logging import get_logger
-from unicron.trainer.comm import all_gather_object, broadcast_object
+from unicron.trainer.comm import all_gather_object
 from unicron.trainer.replica import Replica
+from unicron.trainer.statecast import broadcast_state
 from unicron.trainer.storage import CheckpointStore, Offer
 
 log = get_logger(component="unicron.trainer.resume")
@@ -48,7 +49,7 @@ def resume_from_checkpoint(
         state = store.load(offer) if rank == holder and offer is not None else None
         received: object = state
         if group is not None:
-            received = broadcast_object(state, holder, group, object_device(replica))
+            received = broadcast_state(state, holder, group, object_device(replica))
         if isinstance(received, dict):
             step = replica.restore(received)
             replica.has_state = True
@@ -72,7 +73,7 @@ def _all_gather(
 def _start_fresh(replica: Replica, rank: int, group: dist.ProcessGroup | None) -> int:
     if group is not None:
         mine = replica.capture(0) if rank == 0 else None
-        received = broadcast_object(mine, 0, group, object_device(replica))
+        received = broadcast_state(mine, 0, group, object_device(replica))
         if rank != 0 and isinstance(received, dict):
             replica.restore(received)
     replica.has_state = True

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 from unicron.shared.procs import free_port
-from unicron.trainer import comm
+from unicron.trainer import comm, statecast
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -31,12 +31,41 @@ def _rank(rank: int, port: int, out: str) -> None:
     holdings = comm.all_gather_object({"rank": rank, "step": 10 + rank}, group, cpu)
     state = {"w": torch.arange(3.0) * 7, "step": 11} if rank == 1 else None
     received = comm.broadcast_object(state, 1, group, cpu)
+    sent = training_state()  # built alike on both ranks; only rank 1's is sent
+    arrived = statecast.broadcast_state(sent if rank == 1 else None, 1, group, cpu)
     result = {
+        "state_identical": same(arrived, sent),
         "grads": grads.tolist(), "holdings": holdings,
         "w": received["w"].tolist(), "step": received["step"],
         "registered_default_intact": dist.get_world_size() == 2,
     }  # fmt: skip
     Path(out, f"{rank}.json").write_text(json.dumps(result))
+
+
+def training_state() -> dict[str, object]:
+    """What a state transfer carries: tensors of several dtypes and shapes (a 0-d step, a bool
+    mask that travels pickled), nested in dicts and lists, beside plain values."""
+    gen = torch.Generator().manual_seed(3)
+    return {
+        "model": {"w": torch.randn(3, 4, generator=gen), "ids": torch.arange(5)},
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(7.0), "exp_avg": torch.randn(4, generator=gen)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+        "half": torch.randn(2, generator=gen).half(),
+        "mask": torch.tensor([True, False]),
+        "step": 11,
+    }
+
+
+def same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
 
 
 def test_collectives_run_on_a_group_torch_does_not_know(tmp_path: Path) -> None:
@@ -47,6 +76,7 @@ def test_collectives_run_on_a_group_torch_does_not_know(tmp_path: Path) -> None:
         assert got["holdings"] == [{"rank": 0, "step": 10}, {"rank": 1, "step": 11}]
         assert (got["w"], got["step"]) == ([0.0, 7.0, 14.0], 11)  # rank 1's state, everywhere
         assert got["registered_default_intact"]
+        assert got["state_identical"]  # every tensor bit for bit, every value, every dtype
 
 
 def test_an_nccl_group_is_aborted_once_and_never_destroyed_on_leaving(
