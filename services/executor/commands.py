@@ -7,6 +7,7 @@ crash or a redelivered plan is dropped by NATS, and agents treat it as a no-op a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import TypedDict
 
@@ -19,7 +20,8 @@ from unicron.shared.contracts.messages import (
     StartWorker,
     StopWorkers,
 )
-from unicron.shared.contracts.models import Job, NodeRecord, NodeState, WorkerRecord
+from unicron.shared.contracts.models import Job, NodeRecord, NodeState, WorkerRecord, WorkerState
+from unicron.shared.contracts.transitions import TransitionMode
 
 SEND_AT_ONCE = 256
 
@@ -141,6 +143,23 @@ async def send_starts(bus: Bus, job: Job, nodes: dict[str, NodeRecord]) -> None:
     await send_all(bus, start_commands(job, nodes))
 
 
+def split_starts(
+    job: Job, before: Job, starts: list[tuple[str, StartWorker]]
+) -> tuple[list[tuple[str, StartWorker]], list[tuple[str, StartWorker]]]:
+    """The starts that may go before the regroups and the stop, and those that wait for them.
+
+    A node where every older worker of the job that is not kept has exited has its seats free
+    already (the agent releases a slot before it reports the exit): a joiner started there
+    first runs while the survivors re-form, and the recovery, which waits for the joiner, is
+    that much shorter. Where an older worker may still run (a hung culprit, a resize) the
+    start waits for the stop, as one rank per GPU needs."""
+    kept = {w.from_rank for w in job.workers if w.from_generation is not None}
+    live = (WorkerState.LAUNCHING, WorkerState.RUNNING)
+    busy = {w.node_id for w in before.workers if w.rank not in kept and w.state in live}
+    early = [(node_id, cmd) for node_id, cmd in starts if node_id not in busy]
+    return early, [(node_id, cmd) for node_id, cmd in starts if node_id in busy]
+
+
 def stop_targets(job: Job, before: Job, nodes: dict[str, NodeRecord]) -> list[str]:
     """Every node that may run an older worker of the job: those of its generation before and
     now, and any whose last heartbeat lists one of its workers (one a lost stop left behind, a
@@ -164,3 +183,26 @@ async def send_stops(
         for node_id in node_ids
     ]  # fmt: skip
     await send_all(bus, stops)
+
+
+async def send_generation(
+    bus: Bus, job: Job, before: Job, nodes: dict[str, NodeRecord], reason: str, starting: bool
+) -> None:
+    """The commands that take the job from ``before`` to its new generation.
+
+    Per node, commands run in order: the regroups raise the survivors' generation before the
+    stop, which then ends only the old generation's other processes (a hung culprit, say), and
+    the starts come last, onto the GPUs the stop freed: one rank per GPU — except onto nodes
+    whose seats are free already (``split_starts``), which go first. ``starting`` False: the
+    job gave up, and its workers are only stopped."""
+    starts: list[tuple[str, StartWorker]] | None = None
+    with contextlib.suppress(MissingNodeError):  # raised below, after the stops went out
+        starts = start_commands(job, nodes) if starting else []
+    early, late = split_starts(job, before, starts or [])
+    await send_all(bus, early)
+    if job.transition_kind == TransitionMode.IN_PLACE and starting:
+        await send_regroups(bus, job, nodes)
+    await send_stops(bus, job, stop_targets(job, before, nodes), job.generation, reason)
+    if starts is None:
+        await send_starts(bus, job, nodes)  # raises MissingNodeError
+    await send_all(bus, late)

@@ -22,7 +22,7 @@ from collections import Counter
 
 from unicron.services.executor.commands import (
     MissingNodeError,
-    send_regroups,
+    send_generation,
     send_starts,
     send_stops,
     stop_targets,
@@ -168,15 +168,8 @@ class TransitionRunner:
         if job is None or before is None:
             return  # unknown job, already applied, or stale for this job
         old = before
-        # Per node, commands run in order: the regroups raise the survivors' generation before
-        # the stop, which then ends only the old generation's other processes (a hung culprit,
-        # say), and the starts come last, onto the GPUs the stop freed: one rank per GPU.
-        if job.transition_kind == TransitionMode.IN_PLACE and not give_up:
-            await send_regroups(self.bus, job, nodes)
-        targets = stop_targets(job, old, nodes)
-        await send_stops(self.bus, job, targets, job.generation, alloc.action.value)
+        await send_generation(self.bus, job, old, nodes, alloc.action.value, starting=not give_up)
         if not give_up:
-            await send_starts(self.bus, job, nodes)
             await self.bus.publish_event(
                 TransitionStarted(
                     job_id=job.id,

@@ -46,7 +46,11 @@ async def test_a_plan_that_puts_two_ranks_on_one_gpu_is_refused(
     # the next plan, one rank per GPU, is carried out
     await apply(executor, state, job, PlanAction.START, ["n0", "n0"])
     await agents["n0"].wait(lambda cs: len([c for c in cs if isinstance(c, StartWorker)]) == 2)
-    assert isinstance(agents["n0"].commands[0], StopWorkers)  # nothing came of the refused one
+    # nothing came of the refused one: only the second plan's two starts (its seats were free,
+    # so they went first) and its stop
+    commands = agents["n0"].commands
+    assert [type(c) for c in commands] == [StartWorker, StartWorker, StopWorkers]
+    assert [c.rank for c in agents["n0"].of(StartWorker)] == [0, 1]
 
 
 def test_only_gpu_nodes_are_held_to_one_rank_per_gpu() -> None:

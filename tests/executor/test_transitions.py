@@ -109,6 +109,8 @@ async def test_restart_starts_a_joiner_and_regroups_survivors_then_completes(
     assert agents["n0"].of(StartWorker) == []
     assert regroups(agents["n0"]) == {0: (2, 0, 0), 1: (2, 1, 0)}
     assert regroups(agents["n1"]) == {3: (2, 3, 0)}
+    # rank 2 has exited, its seat is free: its joiner starts first, while the others re-form
+    assert [type(c) for c in agents["n1"].commands] == [StartWorker, RegroupWorker, StopWorkers]
     started = await events.next(TransitionStarted, job_id=job.id, generation=2)
     assert started.action == PlanAction.RESTART
 
