@@ -33,6 +33,11 @@ _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _ERROR_NAME = re.compile(r"(Error|Exception|Exit|Interrupt|Failure|Fault)$")
 # torch's excepthook: f"[rank{rank}]: {line}" for each non-empty line of the traceback
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ", re.MULTILINE)
+# What the C++ runtime and the interpreter write as a process dies after the traceback (a gloo
+# thread still running at exit calls std::terminate in some runs): not the message.
+_DEATH_RATTLE = re.compile(
+    r"^(terminate called |Fatal Python error: |Current thread 0x|Thread 0x|Extension modules: )"
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,15 @@ def _exception_block(lines: list[str]) -> tuple[str, list[str]] | None:
     match = _EXCEPTION_LINE.match(body[index])
     if match is None:
         return None
-    rest = [match.group(2) or "", *body[index + 1 : index + MAX_LINES]]
+    rest = [match.group(2) or "", *_message_lines(body[index + 1 : index + MAX_LINES])]
     return match.group(1).rsplit(".", 1)[-1], rest
+
+
+def _message_lines(lines: list[str]) -> list[str]:
+    """The lines of an exception's message that follow its first: up to the process's death
+    rattle, if any."""
+    end = next((i for i, line in enumerate(lines) if _DEATH_RATTLE.match(line)), len(lines))
+    return lines[:end]
 
 
 def _split_chain(text: str) -> list[list[str]]:
@@ -109,7 +121,7 @@ def _from_lines(text: str) -> tuple[str, str] | None:
             while i > 0 and _error_line(lines[i - 1]):  # "XError: …" then "ncclYError: …"
                 i -= 1
             name, first = _error_line(lines[i]) or ("", "")
-            return name, "\n".join([first, *lines[i + 1 : i + MAX_LINES]]).strip()
+            return name, "\n".join([first, *_message_lines(lines[i + 1 : i + MAX_LINES])]).strip()
         if classify_text("", lines[i]) != FailureCategory.SOFTWARE_OTHER:
             return "", lines[i].strip()
     return None

@@ -87,6 +87,16 @@ def test_torchs_rank_prefix_is_read_through(gloo_run: Run) -> None:
     assert peer.category.value in {"connection_reset", "network_other"}, peer
 
 
+def test_the_death_rattle_after_a_traceback_is_not_part_of_its_message() -> None:
+    """Rank 1's log as torch wrote it in one run of the script above: a gloo thread still
+    running at exit called std::terminate after the traceback was written, and the interpreter
+    added its fatal-error report. The message is the exception's, nothing after it."""
+    log = (Path(__file__).parent / "data" / "rank_aborted_after_traceback.log").read_text()
+    failure = classify_log(log)
+    assert failure is not None and failure.exc_type == "ValueError"
+    assert failure.message.splitlines() == ["step 5: bad batch shape (4, 7)", "KeyError: 'lr'"]
+
+
 def test_the_error_file_record_wrote_is_read(gloo_run: Run) -> None:
     failure = read_error_file(gloo_run.error_file(1))
     assert failure is not None
