@@ -65,6 +65,7 @@ class KindResult:
     # Those of ``latencies`` that are peer errors (a connection reset, an NCCL timeout): the
     # detector waits its correlation window for the root cause they are likely a symptom of.
     peer_errors: list[float] = field(default_factory=list)
+    root_causes: list[float] = field(default_factory=list)  # the others: reported at once
     misclassified: int = 0
     duplicates: int = 0
     notes: list[str] = field(default_factory=list)
@@ -133,21 +134,9 @@ async def exception_trials(cluster: BenchCluster, job_id: str, trials: int) -> K
             return None, rank  # latency from the worker's own raise (observed_at)
 
         await _trial(cluster, job_id, result, inject, {"kind": "exception", "category": category})
-        if category in SECONDARY_CATEGORIES:
-            result.peer_errors.append(result.latencies[-1])
+        apart = result.peer_errors if category in SECONDARY_CATEGORIES else result.root_causes
+        apart.append(result.latencies[-1])
     return result
-
-
-def root_causes(result: KindResult) -> list[float]:
-    """The latencies of faults that are their own root cause (no correlation wait)."""
-    waited = list(result.peer_errors)
-    kept = []
-    for latency in result.latencies:
-        if latency in waited:
-            waited.remove(latency)
-        else:
-            kept.append(latency)
-    return kept
 
 
 async def node_loss_trials(cluster: BenchCluster, job_id: str, trials: int) -> KindResult:
@@ -215,7 +204,7 @@ def _table(results: dict[str, KindResult], extra: dict[str, Any]) -> Table:
         table.add_row(kind, str(len(res.latencies)), f"{median(res.latencies):.3f}{unit}",
                       f"{percentile(res.latencies, 99):.3f}{unit}", str(res.misclassified),
                       str(res.duplicates))  # fmt: skip
-        for label, part in (("  root causes", root_causes(res)),
+        for label, part in (("  root causes", res.root_causes),
                             ("  peer errors (wait the window)", res.peer_errors)):  # fmt: skip
             if res.peer_errors and part:
                 table.add_row(label, str(len(part)), f"{median(part):.3f}{unit}",
@@ -253,7 +242,7 @@ async def main(trials: int, healthy_steps: int, kinds: list[str]) -> dict[str, A
     }
     if "exception" in results:
         exceptions = results["exception"]
-        summary["exception_root_cause_p99_s"] = percentile(root_causes(exceptions), 99)
+        summary["exception_root_cause_p99_s"] = percentile(exceptions.root_causes, 99)
         summary["exception_peer_error_p99_s"] = percentile(exceptions.peer_errors, 99)
     summary |= {
         "misclassified": sum(r.misclassified for r in results.values()),

@@ -19,7 +19,9 @@ from unicron.shared.logging import get_logger
 log = get_logger()
 
 CANCEL_WAIT_S = 5.0
-RECANCEL_EVERY_S = 0.05
+# Long enough for a task's own clean-up after its cancel (a finally that awaits) not to be cut
+# short; a lost cancel costs a stop this much.
+RECANCEL_EVERY_S = 0.5
 
 
 async def cancel_and_wait(

@@ -46,10 +46,8 @@ def broadcast_state(state: Any, src: int, group: dist.ProcessGroup, device: torc
     rank; what the others pass is ignored. Received tensors are on ``device``."""
     mine = group.rank() == src
     tensors: dict[torch.dtype, list[torch.Tensor]] = {}
-    sent = None
-    if mine:
-        skeleton = _hollow(state, tensors)
-        sent = _Shape(skeleton, {d: sum(t.numel() for t in ts) for d, ts in tensors.items()})
+    sizes: dict[torch.dtype, int] = {}
+    sent = _Shape(_hollow(state, tensors, sizes), sizes) if mine else None
     shape = broadcast_object(sent, src, group, device)
     assert isinstance(shape, _Shape)
     if mine:
@@ -63,17 +61,20 @@ def broadcast_state(state: Any, src: int, group: dist.ProcessGroup, device: torc
     return _fill(shape.skeleton, buffers)
 
 
-def _hollow(value: Any, tensors: dict[torch.dtype, list[torch.Tensor]]) -> Any:
-    """``value`` with each raw-movable tensor replaced by its slot (appended to ``tensors``)."""
+def _hollow(
+    value: Any, tensors: dict[torch.dtype, list[torch.Tensor]], sizes: dict[torch.dtype, int]
+) -> Any:
+    """``value`` with each raw-movable tensor replaced by its slot: the tensor is appended to
+    ``tensors`` and ``sizes`` counts its dtype's buffer so far."""
     if isinstance(value, torch.Tensor) and value.dtype in RAW_DTYPES:
-        parts = tensors.setdefault(value.dtype, [])
-        offset = sum(t.numel() for t in parts)
-        parts.append(value)
+        offset = sizes.get(value.dtype, 0)
+        tensors.setdefault(value.dtype, []).append(value)
+        sizes[value.dtype] = offset + value.numel()
         return _Slot(value.dtype, offset, value.numel(), tuple(value.shape))
     if isinstance(value, dict):
-        return type(value)((k, _hollow(v, tensors)) for k, v in value.items())
+        return type(value)((k, _hollow(v, tensors, sizes)) for k, v in value.items())
     if isinstance(value, list | tuple):
-        return type(value)(_hollow(v, tensors) for v in value)
+        return type(value)(_hollow(v, tensors, sizes) for v in value)
     return value
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 
+from unicron.services.executor.survivors import rank_nodes
 from unicron.services.executor.transitions import TransitionRunner
 from unicron.shared.contracts.events import FailureDetected
 from unicron.shared.contracts.models import Job, JobState, NodeRecord, NodeState
@@ -34,16 +35,11 @@ from unicron.shared.store.state import StateStore
 FAST_ACTIONS = frozenset({RecoveryAction.REATTEMPT, RecoveryAction.RESTART})
 
 
-def placement(job: Job) -> list[str]:
-    """The node of each rank of the running generation, by rank."""
-    return [w.node_id for w in sorted(job.workers, key=lambda w: w.rank)]
-
-
 def standing_allocation(
     failure: FailureDetected, job: Job, plan: Plan, nodes: dict[str, NodeRecord]
 ) -> JobAllocation | None:
-    """The allocation that answers ``failure`` on the job's own nodes, or None (with the reason
-    logged at debug) when the fast path does not apply and the planner must decide."""
+    """The allocation that answers ``failure`` (a reattempt or a restart) on the job's own
+    nodes, or None (with the reason logged at debug) when the planner must decide."""
     why_not = _why_not(failure, job, plan, nodes)
     if why_not is not None:
         get_logger(job_id=job.id).debug("fast path not taken", why=why_not)
@@ -51,7 +47,7 @@ def standing_allocation(
     return JobAllocation(
         job_id=job.id,
         workers=job.world_size,
-        nodes=placement(job),
+        nodes=rank_nodes(job),
         action=PlanAction.RESTART,
         generation=job.generation,
         previous_workers=job.world_size,
@@ -62,17 +58,15 @@ def standing_allocation(
 def _why_not(
     failure: FailureDetected, job: Job, plan: Plan, nodes: dict[str, NodeRecord]
 ) -> str | None:
-    if failure.action not in FAST_ACTIONS:
-        return f"a {failure.action.value} needs the planner"
     last = job.last_failure
     if last is None or last.failure_id != failure.failure_id or not job.needs_recovery():
         return "not the failure the job is recovering from"
     if job.state != JobState.RECOVERING or not job.stepping:
         return f"job {job.state.value}, stepping={job.stepping}"
-    ranks = placement(job)
+    ranks = rank_nodes(job)
     if len(ranks) != job.world_size or not ranks:
         return "the job's workers do not fill its world"
-    unusable = sorted({n for n in ranks if getattr(nodes.get(n), "state", None) != NodeState.READY})
+    unusable = sorted({n for n in ranks if n not in nodes or nodes[n].state != NodeState.READY})
     if unusable:
         return f"nodes not ready: {', '.join(unusable)}"
     standing = next((a for a in plan.allocations if a.job_id == job.id), None)
@@ -87,8 +81,8 @@ class FastPath:
         self.transitions = transitions
 
     async def on_failure(self, failure: FailureDetected) -> bool:
-        """Carry out ``failure``'s answer now if it keeps the allocation; True when it did
-        (or a plan had already: applying is idempotent per generation)."""
+        """Carry out ``failure``'s answer now if it keeps the allocation; True when it was
+        handed to the transition (which does nothing if a plan carried it out first)."""
         if failure.job_id is None or failure.action not in FAST_ACTIONS:
             return False
         job, plan, epoch = await asyncio.gather(
@@ -98,7 +92,7 @@ class FastPath:
         )
         if job is None or plan is None or plan.epoch < epoch:
             return False  # no standing plan of the current term to act within
-        found = await asyncio.gather(*(self.state.get_node(n) for n in set(placement(job))))
+        found = await asyncio.gather(*(self.state.get_node(n) for n in set(rank_nodes(job))))
         nodes = {n.id: n for n in found if n is not None}
         alloc = standing_allocation(failure, job, plan, nodes)
         if alloc is None:

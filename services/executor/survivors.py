@@ -23,6 +23,11 @@ from unicron.shared.contracts.taxonomy import FailureKind, RecoveryAction
 from unicron.shared.contracts.transitions import IN_PLACE_ACTIONS
 
 
+def rank_nodes(job: Job) -> list[str]:
+    """The node of each rank of the job's running generation, by rank."""
+    return [w.node_id for w in sorted(job.workers, key=lambda w: w.rank)]
+
+
 def finishing(job: Job) -> bool:
     """A rank of the running generation exited 0: it did the job's last step, and so (data
     parallel) did every rank; a plan that reads its finished slots as lost must not act."""

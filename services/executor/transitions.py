@@ -28,7 +28,7 @@ from unicron.services.executor.commands import (
     stop_targets,
 )
 from unicron.services.executor.settings import ExecutorSettings
-from unicron.services.executor.survivors import finishing, in_place_workers
+from unicron.services.executor.survivors import finishing, in_place_workers, rank_nodes
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import JobStateChanged, TransitionStarted
 from unicron.shared.contracts.models import (
@@ -210,8 +210,7 @@ class TransitionRunner:
                 return False
             before = job.model_copy(deep=True)
             job.generation += 1
-            placement = [w.node_id for w in sorted(job.workers, key=lambda w: w.rank)]
-            job.workers = [WorkerRecord(rank=r, node_id=n) for r, n in enumerate(placement)]
+            job.workers = [WorkerRecord(rank=r, node_id=n) for r, n in enumerate(rank_nodes(job))]
             job.transition_kind = TransitionMode.CHECKPOINT
             job.transition_fallback = why
             job.transition_started_at = now()
