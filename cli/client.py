@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from unicron.shared.contracts.calibration import CalibrationRecord
 from unicron.shared.contracts.events import CloudEvent
-from unicron.shared.contracts.models import Job, JobState, NodeRecord
+from unicron.shared.contracts.models import Job, JobState, JobSummary, NodeRecord
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 # A followed event stream carries a ping every 15 s; four missed pings mean the server is gone.
@@ -140,21 +140,21 @@ class ApiClient:
 
     def job_pages(
         self, states: Sequence[JobState] = (), page_limit: int = PAGE_LIMIT
-    ) -> Iterator[list[Job]]:
+    ) -> Iterator[list[JobSummary]]:
         """The caller's jobs (oldest first, only ``states`` if given), page by page, following
         the API's cursor until the last page."""
         params: dict[str, Any] = {"limit": page_limit, "state": [s.value for s in states]}
         while True:
             response = self._request("GET", "/v1/jobs", params=params)
-            yield [Job.model_validate(j) for j in response.json()]
+            yield [JobSummary.model_validate(j) for j in response.json()]
             cursor = response.headers.get(NEXT_CURSOR_HEADER)
             if cursor is None:
                 return
             params["cursor"] = cursor
 
-    def jobs(self, states: Sequence[JobState] = (), limit: int | None = None) -> list[Job]:
+    def jobs(self, states: Sequence[JobState] = (), limit: int | None = None) -> list[JobSummary]:
         """Every job the caller may see (oldest first), or only the first ``limit``."""
-        found: list[Job] = []
+        found: list[JobSummary] = []
         page_limit = PAGE_LIMIT if limit is None else min(max(limit, 1), PAGE_LIMIT)
         for page in self.job_pages(states, page_limit):
             found += page

@@ -20,6 +20,7 @@ from unicron.shared.contracts.models import (
     HistoryEntry,
     Job,
     JobState,
+    JobSummary,
     NodeRecord,
     NodeState,
 )
@@ -66,7 +67,7 @@ def _table(*headers: str, shrink: str = "", title: str | None = None) -> Table:
     return Table(*columns, title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
 
 
-def jobs_table(jobs: list[Job]) -> Table:
+def jobs_table(jobs: list[JobSummary]) -> Table:
     table = _table("ID", "NAME", "STATE", "STEP", "WORKERS", "RECOVERIES", "AGE", shrink="NAME")
     for job in jobs:
         table.add_row(

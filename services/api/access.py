@@ -17,7 +17,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from unicron.services.api.deps import SettingsDep
 from unicron.services.api.settings import Role, TokenGrant
-from unicron.shared.contracts.models import Job
+from unicron.shared.contracts.models import JobBase
 from unicron.shared.logging import get_logger
 
 log = get_logger(component="api.access")
@@ -93,7 +93,7 @@ Principal = Annotated[Caller, Depends(authenticate)]
 AdminPrincipal = Annotated[Caller, Depends(require_admin)]
 
 
-def may_see(caller: Caller, job: Job) -> bool:
+def may_see(caller: Caller, job: JobBase) -> bool:
     """Tenant scoping in one place. A job submitted without tokens has no tenant: once tokens
     are configured only admins see it."""
     return caller.admin or job.tenant == caller.tenant

@@ -1,6 +1,7 @@
 """Pages of ``GET /v1/jobs``: the scan over the job index, and the cursor a client continues with.
 
-The body of a page stays a bare JSON list of jobs, as before paging existed; the next page's
+The body of a page stays a bare JSON list of jobs, as before paging existed, each a summary
+(no workers, no history: a page costs the same whatever the jobs' sizes); the next page's
 cursor travels in the ``X-Next-Cursor`` header, absent on the last page. A cursor is the
 index position (submission order) of the last job the page showed, so it stays valid while
 jobs are added or expire, and pages never repeat or skip a job. It says nothing about tenants:
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
-from unicron.shared.contracts.models import Job
+from unicron.shared.contracts.models import JobSummary
 from unicron.shared.store.jobindex import JobPosition
 from unicron.shared.store.state import StateStore
 
@@ -36,7 +37,7 @@ SCAN_LIMIT = 5000
 class JobPage:
     """Up to ``limit`` jobs in submission order; ``next_after`` is None only at the end."""
 
-    jobs: list[Job]
+    jobs: list[JobSummary]
     next_after: JobPosition | None
 
 
@@ -70,7 +71,7 @@ async def page_jobs(
     state: StateStore,
     after: JobPosition | None,
     limit: int,
-    keep: Callable[[Job], bool],
+    keep: Callable[[JobSummary], bool],
     scan_limit: int = SCAN_LIMIT,
 ) -> JobPage:
     """Up to ``limit`` jobs that ``keep`` accepts, in submission order after ``after``.
@@ -78,7 +79,7 @@ async def page_jobs(
     A page holds fewer than ``limit`` but still a ``next_after`` when it read ``scan_limit``
     index entries first: only ``next_after is None`` means the end.
     """
-    found: list[tuple[JobPosition, Job]] = []
+    found: list[tuple[JobPosition, JobSummary]] = []
     position, scanned, ties = after, 0, 0
     while scanned < scan_limit:
         batch = await state.index_after(position, ties, min(BATCH, scan_limit - scanned))

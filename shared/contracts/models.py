@@ -114,8 +114,9 @@ class FailureRecord(BaseModel):
     at: float | None = Field(None, description="when it was observed (as observed_at)")
 
 
-class Job(BaseModel):
-    """A job as kept in Redis and returned by ``GET /v1/jobs/{id}``."""
+class JobBase(BaseModel):
+    """What a job is and where it stands, without its per-worker records and history: the
+    part whose size does not grow with the job's ranks."""
 
     id: str
     name: str
@@ -130,8 +131,6 @@ class Job(BaseModel):
     code_failures: int = Field(
         0, description="failures in the job's own code (software_other), against max_restarts"
     )
-    workers: list[WorkerRecord] = Field(default_factory=list)
-    history: list[HistoryEntry] = Field(default_factory=list)
     last_failure: FailureRecord | None = None
     plan_id: str | None = None
     transition: PlanAction | None = Field(None, description="the transition under way, if any")
@@ -144,6 +143,32 @@ class Job(BaseModel):
     )
     submitted_at: float = Field(default_factory=now)
     transition_started_at: float | None = None
+
+
+class JobSummary(JobBase):
+    """A job as ``GET /v1/jobs`` lists it: its record without workers and history, so a page
+    costs the same for a job of 8 ranks and one of 8,192; ``GET /v1/jobs/{id}`` has the rest."""
+
+    reason: str = Field("", description="why the job is in its state (its last history entry)")
+    state_since: float = Field(description="when the job entered its state")
+
+
+class Job(JobBase):
+    """A job as kept in Redis and returned by ``GET /v1/jobs/{id}``."""
+
+    workers: list[WorkerRecord] = Field(default_factory=list)
+    history: list[HistoryEntry] = Field(default_factory=list)
+
+    def entered(self) -> HistoryEntry | None:
+        """The history entry that moved the job into its present state."""
+        return next((e for e in reversed(self.history) if e.state == self.state), None)
+
+    def summary(self) -> JobSummary:
+        entry = self.entered()
+        fields = {name: getattr(self, name) for name in JobBase.model_fields}
+        if entry is None:
+            return JobSummary(**fields, state_since=self.submitted_at)
+        return JobSummary(**fields, reason=entry.reason, state_since=entry.at)
 
     def needs_recovery(self) -> bool:
         """True while the last failure hit the generation that is running now."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from unicron.shared.contracts.models import Job, NodeRecord
+from unicron.shared.contracts.models import Job, JobSummary, NodeRecord
 from unicron.shared.contracts.plans import Plan
 from unicron.shared.store.jobindex import JobPosition
 from unicron.shared.store.records import Mutation
@@ -41,7 +41,9 @@ class JobStore(Protocol):
         self, position: JobPosition | None, offset: int, count: int
     ) -> list[JobPosition]: ...
 
-    async def read_indexed(self, positions: list[JobPosition]) -> list[tuple[JobPosition, Job]]: ...
+    async def read_indexed(
+        self, positions: list[JobPosition]
+    ) -> list[tuple[JobPosition, JobSummary]]: ...
 
     # --- nodes and drills ------------------------------------------------------------------
 

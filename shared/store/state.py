@@ -19,13 +19,12 @@ Sentinels (one server), writes are as before: no replica, no ``WAIT``.
 
 from __future__ import annotations
 
-import time
 from typing import cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from unicron.shared.addresses import SentinelTarget
-from unicron.shared.contracts.models import Job, NodeRecord
+from unicron.shared.contracts.models import Job, JobSummary, NodeRecord
 from unicron.shared.contracts.plans import Plan
 from unicron.shared.store.calibstore import CalibrationTables
 from unicron.shared.store.jobindex import (
@@ -35,6 +34,7 @@ from unicron.shared.store.jobindex import (
     JOB_RETENTION_S,
     JobPosition,
     finished_at,
+    split_indexed,
 )
 from unicron.shared.store.lease import Lease, current_epoch
 from unicron.shared.store.records import Mutation, RedisRecords, connect_redis, parse_each
@@ -49,23 +49,6 @@ if value < tonumber(ARGV[1]) then
 end
 return value
 """
-
-
-def split_indexed(
-    positions: list[JobPosition], raws: list[str | bytes | None], retention_s: float
-) -> tuple[list[tuple[JobPosition, Job]], list[str]]:
-    """The indexed records that exist, parse and are within retention, and the ids of those
-    that are gone (absent, or past retention)."""
-    kept, gone = [], []
-    for at, raw in zip(positions, raws, strict=True):
-        parsed = parse_each(Job, "job", [at.job_id], [raw])
-        job = parsed[0] if parsed else None
-        ended = None if job is None else finished_at(job)
-        if raw is None or (ended is not None and ended + retention_s <= time.time()):
-            gone.append(at.job_id)
-        elif job is not None:
-            kept.append((at, job))
-    return kept, gone
 
 
 class StateStore(RedisRecords):
@@ -111,8 +94,9 @@ class StateStore(RedisRecords):
                 if existing is not None:
                     return existing, False
                 await self.redis.set(idem, job.id, ex=7 * 24 * 3600)
-        keys = [self._key("job", job.id), self._key("jobs")]
-        args = [job.model_dump_json(), repr(job.submitted_at), INDEX_STEP, job.id]
+        keys = [self._key("job", job.id), self._key("jobs"), self._summary_key(job.id)]
+        summary = job.summary().model_dump_json()
+        args = [job.model_dump_json(), repr(job.submitted_at), INDEX_STEP, job.id, summary]
         await self._append_job(keys=keys, args=args)
         await self._expire_if_finished(job)
         return job, True
@@ -129,17 +113,27 @@ class StateStore(RedisRecords):
         return parse_each(Job, "job", ids, raws)
 
     async def update_job(self, job_id: str, mutate: Mutation[Job]) -> Job | None:
-        job = await self._update(self._key("job", job_id), Job, mutate)
+        job = await self._update(self._key("job", job_id), Job, mutate, also=self._summarise)
         if job is not None:
             await self._expire_if_finished(job)
         return job
 
-    async def _expire_if_finished(self, job: Job) -> None:
-        """Give a finished job's record its expiry. Again after every write: SET drops it."""
+    def _summary_key(self, job_id: str) -> str:
+        return self._key("job-summary", job_id)
+
+    def _summarise(self, pipe: Pipeline, job: Job) -> None:
+        pipe.set(self._summary_key(job.id), job.summary().model_dump_json())
+
+    async def _expire_if_finished(self, job: Job | JobSummary) -> None:
+        """Give a finished job's record and summary their expiry. Again after every write:
+        SET drops it."""
         ended = finished_at(job)
         if ended is not None:
             expires_ms = int((ended + self.job_retention_s) * 1000)
-            await self.redis.pexpireat(self._key("job", job.id), expires_ms)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.pexpireat(self._key("job", job.id), expires_ms)
+                pipe.pexpireat(self._summary_key(job.id), expires_ms)
+                await pipe.execute()
 
     async def _unindex_gone(self, job_ids: list[str]) -> None:
         if job_ids:
@@ -158,15 +152,26 @@ class StateStore(RedisRecords):
         pairs = cast(list[tuple[str, float]], entries)
         return [JobPosition(float(score), str(job_id)) for job_id, score in pairs]
 
-    async def read_indexed(self, positions: list[JobPosition]) -> list[tuple[JobPosition, Job]]:
-        """The records at ``positions`` that exist, parse and are within retention; the index
-        forgets the others (an expired one is deleted now if its expiry was never set)."""
+    async def read_indexed(
+        self, positions: list[JobPosition]
+    ) -> list[tuple[JobPosition, JobSummary]]:
+        """The summaries of the jobs at ``positions`` that exist, parse and are within
+        retention; the index forgets the others (an expired one is deleted now if its expiry
+        was never set). A job without a summary gets one from its record."""
         if not positions:
             return []
-        raws = await self.redis.mget([self._key("job", p.job_id) for p in positions])
-        kept, gone = split_indexed(positions, raws, self.job_retention_s)
+        raws = await self.redis.mget([self._summary_key(p.job_id) for p in positions])
+        missing = [p.job_id for p, raw in zip(positions, raws, strict=True) if raw is None]
+        records = await self.redis.mget([self._key("job", i) for i in missing]) if missing else []
+        kept, gone, made = split_indexed(
+            positions, raws, dict(zip(missing, records, strict=True)), self.job_retention_s
+        )
+        for summary in made:  # NX: a writer may have stored a newer one meanwhile
+            await self.redis.set(self._summary_key(summary.id), summary.model_dump_json(), nx=True)
+            await self._expire_if_finished(summary)
         if gone:
-            await self.redis.delete(*(self._key("job", i) for i in gone))
+            keys = [k for i in gone for k in (self._key("job", i), self._summary_key(i))]
+            await self.redis.delete(*keys)
             await self._unindex_gone(gone)
         return kept
 
@@ -271,6 +276,7 @@ class StateStore(RedisRecords):
         stored = bool(await self.redis.set(key, job.model_dump_json(), nx=True))
         await self.redis.zadd(self._key("jobs"), {job.id: job.submitted_at}, nx=True)
         if stored:  # a rebuilt finished job keeps no longer than any other
+            await self.redis.set(self._summary_key(job.id), job.summary().model_dump_json())
             await self._expire_if_finished(job)
         return stored
 

@@ -148,7 +148,10 @@ async def test_a_finished_job_expires_after_its_retention_and_a_running_one_stay
         listed = [j["id"] for j in (await client.get("/v1/jobs")).json()]
         assert listed == [pending, running]
         for job_id in (pending, running):
-            assert await state.redis.ttl(state._key("job", job_id)) == -1  # never expires
+            for kind in ("job", "job-summary"):
+                assert await state.redis.ttl(state._key(kind, job_id)) == -1  # never expires
+        for job_id in (cancelled, succeeded):
+            assert not await state.redis.exists(state._key("job-summary", job_id))
         assert await state.redis.zcard(state._key("jobs")) == 2  # the listing unindexed them
     await writer.close()
 

@@ -16,13 +16,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
-from unicron.shared.contracts.models import Job, NodeRecord
+from unicron.shared.contracts.models import Job, JobSummary, NodeRecord
 from unicron.shared.contracts.plans import Plan
 from unicron.shared.store.api import JobStore
-from unicron.shared.store.jobindex import INDEX_STEP, JOB_RETENTION_S, JobPosition, finished_at
+from unicron.shared.store.jobindex import (
+    INDEX_STEP,
+    JOB_RETENTION_S,
+    JobPosition,
+    finished_at,
+    split_indexed,
+)
 from unicron.shared.store.lease import lease_keys
 from unicron.shared.store.records import M, Mutation, parse_each
-from unicron.shared.store.state import split_indexed
 
 WEEK_S = 7 * 24 * 3600
 
@@ -117,6 +122,7 @@ class MemoryStore:
         if last is not None and last >= score:  # always after every job already indexed
             score = last + float(INDEX_STEP)
         self._put(self._key("job", job.id), job)
+        self._put(self._summary_key(job.id), job.summary())
         index[job.id] = score
         self._expire_if_finished(job)
         return job, True
@@ -131,15 +137,22 @@ class MemoryStore:
         return parse_each(Job, "job", ids, raws)
 
     async def update_job(self, job_id: str, mutate: Mutation[Job]) -> Job | None:
+        before = self.keys.get(self._key("job", job_id))
         job = self._update(self._key("job", job_id), Job, mutate)
+        if job is not None and self.keys.get(self._key("job", job_id)) != before:
+            self._put(self._summary_key(job.id), job.summary())
         if job is not None:
             self._expire_if_finished(job)
         return job
 
-    def _expire_if_finished(self, job: Job) -> None:
+    def _summary_key(self, job_id: str) -> str:
+        return self._key("job-summary", job_id)
+
+    def _expire_if_finished(self, job: Job | JobSummary) -> None:
         ended = finished_at(job)
-        if ended is not None and self.keys.get(self._key("job", job.id)) is not None:
-            self.keys.expires[self._key("job", job.id)] = ended + self.job_retention_s
+        for key in (self._key("job", job.id), self._summary_key(job.id)):
+            if ended is not None and self.keys.get(key) is not None:
+                self.keys.expires[key] = ended + self.job_retention_s
 
     def _positions(self) -> list[JobPosition]:
         index = self.keys.zset(self._key("jobs"))
@@ -157,13 +170,24 @@ class MemoryStore:
         low = float("-inf") if position is None else position.score
         return [p for p in self._positions() if p.score >= low][offset : offset + count]
 
-    async def read_indexed(self, positions: list[JobPosition]) -> list[tuple[JobPosition, Job]]:
+    async def read_indexed(
+        self, positions: list[JobPosition]
+    ) -> list[tuple[JobPosition, JobSummary]]:
         raws: list[str | bytes | None] = [
-            self.keys.get(self._key("job", p.job_id)) for p in positions
+            self.keys.get(self._summary_key(p.job_id)) for p in positions
         ]
-        kept, gone = split_indexed(positions, raws, self.job_retention_s)
+        records: dict[str, str | bytes | None] = {
+            p.job_id: self.keys.get(self._key("job", p.job_id))
+            for p, raw in zip(positions, raws, strict=True)
+            if raw is None
+        }
+        kept, gone, made = split_indexed(positions, raws, records, self.job_retention_s)
+        for summary in made:
+            self.keys.set(self._summary_key(summary.id), summary.model_dump_json(), nx=True)
+            self._expire_if_finished(summary)
         for job_id in gone:
             self.keys.delete(self._key("job", job_id))
+            self.keys.delete(self._summary_key(job_id))
         self._unindex_gone(gone)
         return kept
 
@@ -242,6 +266,7 @@ class MemoryStore:
         stored = self.keys.set(self._key("job", job.id), job.model_dump_json(), nx=True)
         self.keys.zset(self._key("jobs")).setdefault(job.id, job.submitted_at)
         if stored:
+            self._put(self._summary_key(job.id), job.summary())
             self._expire_if_finished(job)
         return stored
 

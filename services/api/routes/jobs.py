@@ -20,7 +20,14 @@ from unicron.services.api.access import Caller, Principal, may_see
 from unicron.services.api.deps import BusDep, SettingsDep, StateDep
 from unicron.services.api.errors import errors
 from unicron.shared.contracts.events import JobStateChanged, JobSubmitted
-from unicron.shared.contracts.models import HistoryEntry, Job, JobSpec, JobState, new_id
+from unicron.shared.contracts.models import (
+    HistoryEntry,
+    Job,
+    JobSpec,
+    JobState,
+    JobSummary,
+    new_id,
+)
 from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.logging import get_logger
 
@@ -137,7 +144,7 @@ NEXT_PAGE = {
 
 @router.get(
     "",
-    response_model=list[Job],
+    response_model=list[JobSummary],
     responses={200: {"headers": NEXT_PAGE}, **errors(422)},
 )
 async def list_jobs(
@@ -155,9 +162,10 @@ async def list_jobs(
         str | None,
         Query(max_length=paging.MAX_CURSOR_CHARS, description="X-Next-Cursor of the last page"),
     ] = None,
-) -> list[Job]:
+) -> list[JobSummary]:
     """The caller's jobs in submission order (an admin's: all), or only those in ``?state=``,
-    a page at a time: follow ``X-Next-Cursor`` until a page comes without it."""
+    a page at a time: follow ``X-Next-Cursor`` until a page comes without it. Each is a
+    summary, without workers and history: ``GET /v1/jobs/{id}`` has them."""
     after = None if cursor is None else paging.decode_cursor(cursor)
     wanted = set(job_states or JobState)
     page = await paging.page_jobs(
