@@ -11,6 +11,7 @@ back only after the Sentinels promoted its replica, as that replica's replica
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import subprocess
 import time
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+from unicron.cli.stack import LEASED_ROLES
 
 from bench.chaos_drive import OUTAGE_TIMEOUT_S, POLL_S, RECOVERY_TIMEOUT_S, ChaosDriver
 from bench.chaos_plan import REDIS_PRIMARY, ActionPlan, is_infra
@@ -28,24 +30,30 @@ LOG_TAIL_BYTES = 256 * 1024
 STARTED = "service started"  # shared/service.py, once connected to NATS and Redis
 # What a process logs once it serves again, where that is later than its start: the planner
 # waits for the dead instance's lease to lapse, an agent registers its node again.
-SERVING = {"planner": "planner active", "agent": "agent ready"}
+SERVING = {"planner": "planner active", "executor": "executor active", "agent": "agent ready"}
 
 
-def started_since(log: Path, since: float, line_says: str = STARTED) -> bool:
-    """Whether the service writing ``log`` logged ``line_says`` at or after ``since``."""
+def last_logged(log: Path, line_says: str) -> float | None:
+    """When the service writing ``log`` last logged ``line_says``; None if it never did."""
     try:
         with log.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
-        return False
+        return None
     for line in reversed(lines):
         if line_says in line:
             try:
-                return datetime.fromisoformat(line.split(" ", 1)[0]).timestamp() >= since
+                return datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
             except ValueError:
                 continue
-    return False
+    return None
+
+
+def started_since(log: Path, since: float, line_says: str = STARTED) -> bool:
+    """Whether the service writing ``log`` logged ``line_says`` at or after ``since``."""
+    at = last_logged(log, line_says)
+    return at is not None and at >= since
 
 
 class ChaosKiller:
@@ -80,6 +88,8 @@ class ChaosKiller:
         for server in self.stack.servers:
             if server.name == target:
                 return server.name, server.process
+        if target in LEASED_ROLES:  # with --ha, the instance holding the role's lease
+            target = max(self.stack.instances(target), key=self._activated)
         process = self.stack.children[target].process
         assert process is not None  # every child is started with the stack
         return target, process
@@ -129,7 +139,6 @@ class ChaosKiller:
         again (faults go only to whole jobs, so the gate may open before the node's jobs
         have recovered)."""
         driver = self.driver
-        log = self.stack.data_dir / "logs" / f"{action.target}.log"
         deadline = time.monotonic() + OUTAGE_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
@@ -137,12 +146,27 @@ class ChaosKiller:
             except httpx.TransportError:
                 ready = False
             if not is_infra(action.target):
-                serving = SERVING.get(action.target.split("-")[0], STARTED)
-                ready = ready and started_since(log, since, serving)
+                ready = ready and self._serving(action.target, since)
             if ready:
                 return True
             await asyncio.sleep(POLL_S)
         return False
+
+    def _log(self, name: str) -> Path:
+        return self.stack.data_dir / "logs" / f"{name}.log"
+
+    def _activated(self, name: str) -> float:
+        """When the process ``name`` of a leased role last became its active instance."""
+        role = name.split("-")[0]
+        return last_logged(self._log(name), SERVING[role]) or -math.inf
+
+    def _serving(self, target: str, since: float) -> bool:
+        """Whether ``target`` serves again since ``since``: for a leased role, any of its
+        instances (a standby taking over is the role back)."""
+        role = target.split("-")[0]
+        names = self.stack.instances(role) if role in LEASED_ROLES else [target]
+        line = SERVING.get(role, STARTED)
+        return any(started_since(self._log(name), since, line) for name in names)
 
     async def _promoted(self, name: str) -> None:
         """Wait until the Sentinels promoted a replica in place of the killed ``name``."""

@@ -8,7 +8,8 @@ back on the same port and data directory, with what they had stored.
 ``unicron up --ha`` starts a control plane that survives losing a server instead: three
 clustered NATS servers with the streams on all three (shared/servers/natscluster.py), and a Redis
 primary, its replica and three Sentinels (shared/servers/redisha.py). A Redis server that died comes
-back as the replica of whichever one the Sentinels promoted meanwhile.
+back as the replica of whichever one the Sentinels promoted meanwhile. The planner and the
+executor each run twice then, one active and one warm standby on the role's lease.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ SERVICE_MODULES = (
     "unicron.services.executor",
 )
 AGENT_MODULE = "unicron.services.agent"
+LEASED_ROLES = ("planner", "executor")  # one active instance under a lease
 
 
 @dataclass
@@ -112,9 +114,10 @@ class Stack:
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.start_servers()
         for module in SERVICE_MODULES:
-            name = module.split(".")[-1]
-            user = ServiceUser(role=ServiceRole(name))
-            self._add(name, module, self.env(**self.login_env(user), **self.instance_env(name)))
+            role = module.split(".")[-1]
+            user = ServiceUser(role=ServiceRole(role))
+            for name in self.instances(role):
+                self._add(name, module, self.env(**self.login_env(user), **self.instance_env(name)))
         for node_id in self.node_ids:
             agent = ServiceUser(role=ServiceRole.AGENT, node_id=node_id)
             slots = str(self.config.slots)
@@ -152,12 +155,19 @@ class Stack:
                 self.servers.append(start_redis(self.data_dir / "redis", logins=redis))
                 self.redis_url = self.logins.redis_url = self.servers[-1].url
 
+    def instances(self, role: str) -> list[str]:
+        """The processes of a service: with ``--ha``, a warm standby beside the planner and
+        the executor, which take over within their lease's TTL (shared/terms.py)."""
+        standby = self.config.ha and role in LEASED_ROLES
+        return [role, f"{role}-standby"] if standby else [role]
+
     def instance_env(self, name: str) -> dict[str, str]:
-        """This stack runs one planner at a time and restarts it when it dies: a restarted one
-        may take its predecessor's lease at once (shared/store/lease.py)."""
-        if name != "planner":
+        """This stack runs each process one at a time and restarts it when it dies: a
+        restarted one may take its predecessor's lease at once (shared/store/lease.py)."""
+        role = name.split("-")[0]
+        if role not in LEASED_ROLES:
             return {}
-        return {"UNICRON_PLANNER_INSTANCE": f"unicron-up:{self.data_dir}"}
+        return {f"UNICRON_{role.upper()}_INSTANCE": f"unicron-up:{self.data_dir}:{name}"}
 
     def login_env(self, user: ServiceUser) -> dict[str, str]:
         return self.logins.env(user) if self.logins else {}

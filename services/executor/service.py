@@ -1,5 +1,11 @@
 """Executor service wiring: plans and worker reports in, transitions and progress out.
 
+One active instance under the ``executor`` lease, any number of warm standbys
+(:mod:`unicron.shared.terms`): a standby holds its connections and imports and takes the role
+within the lease's TTL of the active one's death, instead of a restarted process's seconds of
+start-up. Every handler first checks that the lease is still this instance's; one that lost it
+leaves the message unacked for its successor.
+
 Level-triggered: every ``reconcile_interval_s`` the latest plan is applied again (a no-op when
 it already was) and agents are asked again for workers that never started, so an executor
 restarted at any line converges.
@@ -9,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from unicron.services.executor.commands import send_starts
 from unicron.services.executor.fastpath import FastPath
@@ -25,21 +33,30 @@ from unicron.shared.contracts.reports import REPORT
 from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
+from unicron.shared.store.lease import EXECUTOR_LEASE, Lease
 from unicron.shared.store.state import StateStore
+from unicron.shared.tasks import cancel_and_wait
+from unicron.shared.terms import check_holder, serve_terms
 
 log = get_logger()
+T = TypeVar("T")
 
 
 class Executor:
-    def __init__(self, bus: Bus, state: StateStore, settings: ExecutorSettings) -> None:
+    def __init__(
+        self, bus: Bus, state: StateStore, settings: ExecutorSettings, lease: Lease | None = None
+    ) -> None:
         self.bus = bus
         self.state = state
         self.settings = settings
+        ttl, instance = settings.executor_lease_ttl_s, settings.executor_instance
+        self.lease = lease or state.lease(EXECUTOR_LEASE, ttl, instance=instance)
         self.transitions = TransitionRunner(bus, state, settings)
         self.progress = ProgressTracker(bus, state, on_failed=self.transitions.fall_back)
         self.fast_path = FastPath(state, self.transitions)
 
     async def on_event(self, event: CloudEvent) -> None:
+        check_holder(self.lease)
         data = event.typed()
         if isinstance(data, FailureDetected):
             if data.job_id is not None:
@@ -58,6 +75,7 @@ class Executor:
         await self.transitions.apply_plan(plan)
 
     async def reconcile(self) -> None:
+        check_holder(self.lease)
         plan = await self.state.latest_plan()
         if plan is not None:
             await self.transitions.apply_plan(plan)
@@ -90,22 +108,49 @@ class Executor:
             except Exception as exc:
                 outage.failed(exc)
 
+    async def term(self, stop: asyncio.Event) -> None:
+        """Serve while the lease is held: subscribe on a connection of the term's own, apply
+        plans and reports, reconcile; return when the lease is lost or ``stop`` is set."""
+        log.info("executor active", epoch=self.lease.epoch, holder=self.lease.holder)
+        # Rebuilds the records if Redis lost them; reports wait until it is sure they are there.
+        records = Rebuilder(self.bus, self.state, self.settings)
+        with contextlib.suppress(Exception):  # its watch below tries again, and logs why
+            await records.check()
+        access = self.settings.nats_access
+        bus = await Bus.connect(self.settings.nats_url, "unicron/executor", access=access)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            await self._subscribe(bus, records)
+            tasks = [asyncio.create_task(self.loop(stop)), asyncio.create_task(records.watch(stop))]
+            await self.lease.keep(stop)
+        finally:
+            await cancel_and_wait(tasks, what="executor loops")
+            with contextlib.suppress(Exception):
+                await bus.close()
+        if not stop.is_set():
+            log.warning("executor standing by: lease lost", epoch=self.lease.epoch)
+
+    async def _subscribe(self, bus: Bus, records: Rebuilder) -> None:
+        plans, failures = event_subject(PlanCreated.TYPE), event_subject(FailureDetected.TYPE)
+        await bus.consume(plans, "executor", parse_event, self.on_event)
+        await bus.consume(failures, "executor-failures", parse_event, self.on_event)
+        await bus.consume(
+            ALL_REPORTS,
+            "executor-reports",
+            REPORT.validate_json,  # an agent's report on its node too: passed over, not refused
+            self._held(records.gated(self.progress.on_report)),
+            claim=records.gated(ReportClaims(self.state).check),
+            batch=self._held(records.gated(self.progress.on_reports)),  # a few writes per job
+        )
+
+    def _held(self, handler: Callable[[T], Awaitable[None]]) -> Callable[[T], Awaitable[None]]:
+        async def checked(item: T) -> None:
+            check_holder(self.lease)
+            await handler(item)
+
+        return checked
+
 
 async def run(bus: Bus, state: StateStore, stop: asyncio.Event, settings: ExecutorSettings) -> None:
     executor = Executor(bus, state, settings)
-    # Rebuilds the records if Redis lost them; reports wait until it is sure they are there.
-    records = Rebuilder(bus, state, settings)
-    with contextlib.suppress(Exception):  # its watch below tries again, and logs why
-        await records.check()
-    plans, failures = event_subject(PlanCreated.TYPE), event_subject(FailureDetected.TYPE)
-    await bus.consume(plans, "executor", parse_event, executor.on_event)
-    await bus.consume(failures, "executor-failures", parse_event, executor.on_event)
-    await bus.consume(
-        ALL_REPORTS,
-        "executor-reports",
-        REPORT.validate_json,  # an agent's report on its node too: passed over, not refused
-        records.gated(executor.progress.on_report),
-        claim=records.gated(ReportClaims(state).check),
-        batch=records.gated(executor.progress.on_reports),  # a burst: a few writes per job
-    )
-    await asyncio.gather(executor.loop(stop), records.watch(stop))
+    await serve_terms(executor.lease, lambda: executor.term(stop), stop)

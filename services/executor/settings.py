@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from unicron.shared.settings import CommonSettings
 
 
@@ -14,3 +15,7 @@ class ExecutorSettings(CommonSettings):
     # a reattempt or a crashed rank's restart on the job's own nodes is carried out at once from
     # the standing plan, without waiting for the planner (services/executor/fastpath.py)
     fast_path: bool = True
+    # One active executor (shared/terms.py): the lease's TTL bounds how long a dead one keeps
+    # its standby waiting; a restarted process of the same instance takes it back at once.
+    executor_lease_ttl_s: float = Field(1.5, gt=0)
+    executor_instance: str | None = Field(None, min_length=1, max_length=128)

@@ -37,11 +37,12 @@ from unicron.shared.contracts.models import now
 from unicron.shared.contracts.plans import Plan
 from unicron.shared.contracts.reports import WORKER_REPORT, StepsCompleted
 from unicron.shared.logging import get_logger
-from unicron.shared.outage import Outage, describe, is_outage
+from unicron.shared.outage import Outage
 from unicron.shared.service import ServiceBody
 from unicron.shared.store.lease import PLANNER_LEASE
 from unicron.shared.store.state import StateStore
 from unicron.shared.tasks import cancel_and_wait
+from unicron.shared.terms import serve_terms
 
 STEPS_SUBJECT = reports_of_kind("step_completed")  # an agent of an earlier release's
 STEP_BATCHES_SUBJECT = reports_of_kind("steps_completed")
@@ -103,22 +104,8 @@ class Planner:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Stand by, serve a term while the lease is ours, stand by again; release on stop."""
-        try:
-            while await self.lease.acquire(stop):
-                try:
-                    await self._term(stop)
-                except Exception as exc:
-                    # NATS away past its retries, say: let another instance try, then retry.
-                    if is_outage(exc):
-                        log.warning("planner term ended: server unavailable", error=describe(exc))
-                    else:
-                        log.exception("planner term failed; standing by")
-                    await self.lease.release()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), self.lease.ttl_s)
-        finally:
-            await self.lease.release()
+        """Stand by, serve a term while the lease is ours, stand by again (shared/terms.py)."""
+        await serve_terms(self.lease, lambda: self._term(stop), stop)
 
     async def _term(self, stop: asyncio.Event) -> None:
         log.info("planner active", epoch=self.lease.epoch, holder=self.lease.holder)

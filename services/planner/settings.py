@@ -56,7 +56,7 @@ class PlannerSettings(CommonSettings):
     # Re-read the cluster this often and re-plan if it changed (missed events, restarts).
     planner_reconcile_s: float = Field(2.0, gt=0)
     # One active planner: the lease's TTL bounds how long a dead one blocks its standby.
-    planner_lease_ttl_s: float = Field(3.0, gt=0)
+    planner_lease_ttl_s: float = Field(1.5, gt=0)
     # Set by a supervisor that never runs two of it at once (unicron up): a restarted planner
     # of this instance takes its dead predecessor's lease at once (shared/store/lease.py).
     planner_instance: str | None = Field(None, min_length=1, max_length=128)

@@ -58,6 +58,7 @@ return 0
 """
 
 PLANNER_LEASE = "planner"  # the one writer of plans (docs/design.md §6)
+EXECUTOR_LEASE = "executor"  # the one instance carrying plans out
 
 log = get_logger(component="lease")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,8 @@ from unicron.shared.bus.bus import Bus
 from unicron.shared.bus.streams import STREAMS
 from unicron.shared.contracts.roles import ServiceRole, ServiceUser
 from unicron.shared.procs import free_port
+
+from tests.waiting import wait_for
 
 
 async def stream_replicas(stack: Stack) -> set[int | None]:
@@ -38,3 +41,13 @@ def test_unicron_up_ha_comes_up_on_the_ha_servers_and_is_ready(tmp_path: Path) -
         assert api_env["UNICRON_REDIS_SENTINELS"] == stack.redis_ha.sentinels_setting
         assert api_env["UNICRON_STREAM_REPLICAS"] == "3"
         assert asyncio.run(stream_replicas(stack)) == {3}  # as the API created them
+        for role in ("planner", "executor"):  # one active, one warm standby on the lease
+            logs = [stack.data_dir / "logs" / f"{name}.log" for name in stack.instances(role)]
+            probe = functools.partial(_active_and_standby, logs, role)
+            wait_for(f"an active {role} and a standby", probe)
+
+
+def _active_and_standby(logs: list[Path], role: str) -> bool:
+    said = [log.read_text() if log.exists() else "" for log in logs]
+    active = [f"{role} active" in text for text in said]
+    return sorted(active) == [False, True] and "standing by" in said[active.index(False)]

@@ -29,6 +29,7 @@ from unicron.shared.contracts.models import (
 from unicron.shared.contracts.plans import JobAllocation, Plan
 from unicron.shared.contracts.reports import REPORT, REPORT_SUBJECT_PREFIX
 from unicron.shared.contracts.roles import ServiceRole
+from unicron.shared.store.lease import EXECUTOR_LEASE
 from unicron.shared.store.state import StateStore
 
 from tests.agent.conftest import agent, joined  # noqa: F401  (fixtures: a real agent process)
@@ -83,9 +84,12 @@ class Events:
 
 @pytest.fixture
 async def executor(bus: Bus, state: StateStore, tmp_path: Path) -> AsyncIterator[Executor]:
-    """Wired as ``unicron.services.executor.service.run`` wires it, without the reconcile loop."""
+    """Wired as ``unicron.services.executor.service.run`` wires it, without the reconcile loop,
+    holding the executor lease for the test's length."""
     settings = ExecutorSettings(data_dir=tmp_path, regroup_timeout_s=5.0)
-    ex = Executor(bus, state, settings)
+    lease = state.lease(EXECUTOR_LEASE, ttl_s=3600)
+    assert await lease.try_acquire()
+    ex = Executor(bus, state, settings, lease)
     await bus.consume("unicron.events.plan.created", "executor", parse_event, ex.on_event)
     await bus.consume(
         "unicron.events.failure.detected", "executor-failures", parse_event, ex.on_event

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,10 +11,10 @@ import pytest
 from unicron.shared.bus.bus import Bus, parse_event
 from unicron.shared.contracts.events import CloudEvent, PlanCreated
 from unicron.shared.contracts.models import NodeRecord, now
-from unicron.shared.procs import die_with_parent
 from unicron.shared.store.state import StateStore
 
 from tests.planner.live import Live, StartPlanner
+from tests.services import service_processes
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("node-a", "node-b")
@@ -26,38 +23,8 @@ NODES = ("node-a", "node-b")
 @pytest.fixture
 def start_planner(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[StartPlanner]:
     """Start ``python -m unicron.services.planner``; every one started is stopped at the end."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(**settings: str) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "UNICRON_NATS_URL": nats_url,
-            "UNICRON_REDIS_URL": redis_url,
-            **{f"UNICRON_{k.upper()}": v for k, v in settings.items()},
-        }
-        with (tmp_path / f"planner-{len(procs)}.log").open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "unicron.services.planner"],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
-            )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    for log in sorted(tmp_path.glob("planner-*.log")):
-        print(f"--- {log.name}\n{log.read_text()[-4000:]}")  # shown when a test fails
+    with service_processes("planner", nats_url, redis_url, tmp_path) as start:
+        yield start
 
 
 @pytest.fixture

@@ -1,0 +1,55 @@
+"""One active instance of a role at a time: stand by, serve a term while its lease is held.
+
+The planner and the executor each run as one active instance and any number of warm standbys
+(``unicron up --ha``, two replicas on Kubernetes). An instance waits on the role's lease
+(:mod:`unicron.shared.store.lease`), serves a term while it holds it — its subscriptions on a
+connection of their own, so a standby takes no message away from the active instance's
+durable consumers — and stands by again when the lease is lost. A term that fails (a server
+away past its retries, a bug) hands the lease back and waits one TTL, so another instance can
+take the role meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from unicron.shared.logging import get_logger
+from unicron.shared.outage import describe, is_outage
+from unicron.shared.store.lease import Lease
+
+log = get_logger(component="terms")
+
+
+async def serve_terms(
+    lease: Lease, term: Callable[[], Awaitable[None]], stop: asyncio.Event
+) -> None:
+    """Serve ``term`` each time ``lease`` is acquired, until ``stop``; release it on the way out.
+    ``term`` returns when the lease is lost or ``stop`` is set."""
+    try:
+        while await lease.acquire(stop):
+            try:
+                await term()
+            except Exception as exc:
+                if is_outage(exc):
+                    log.warning(
+                        "term ended: server unavailable", role=lease.name, error=describe(exc)
+                    )
+                else:
+                    log.exception("term failed; standing by", role=lease.name)
+                await lease.release()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), lease.ttl_s)
+    finally:
+        await lease.release()
+
+
+class NotHolderError(ConnectionError):
+    """The role's lease is no longer this instance's: the message is left unacked (as in an
+    outage) and goes to the instance that holds the lease now."""
+
+
+def check_holder(lease: Lease) -> None:
+    if not lease.held():
+        raise NotHolderError(f"the {lease.name} lease is not held by this instance")
