@@ -186,3 +186,28 @@ def test_a_bad_server_list_is_named_without_its_password(url: str, says: str) ->
         nats_servers(url)
     assert "secret" not in str(raised.value)
     assert "UNICRON_NATS_URL" in str(raised.value)
+
+
+async def test_a_service_started_during_a_leader_election_waits_it_out(
+    cluster: list[EmbeddedServer], consumer: Bus
+) -> None:
+    """A consumer created while its stream has no leader (the leader's server was just
+    killed) times out for seconds; the service binding it waits, instead of exiting."""
+    victim = await events_leader(consumer, cluster)
+    others = ",".join(s.url for s in cluster if s is not victim)
+    service = await Bus.connect(others, "unicron/test-late", 20, replicas=3)
+    got: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_event(raw: bytes) -> None:
+        await got.put(parse_event(raw).id)
+
+    try:
+        victim.process.kill()
+        await asyncio.wait_for(service.consume(ALL_EVENTS, "late", bytes, on_event), 30)
+        await until_acked(lambda: service.publish_event(
+            JobStateChanged(job_id="j", old=JobState.PENDING, new=JobState.STARTING, reason="x"),
+            event_id="evt-late",
+        ))  # fmt: skip
+        assert await asyncio.wait_for(got.get(), 15) == "evt-late"
+    finally:
+        await service.close()

@@ -35,7 +35,7 @@ from unicron.shared.bus.streams import ALL_EVENTS, EVENTS_STREAM, STREAMS
 from unicron.shared.bus.streamsetup import NOT_READY, ensure_streams
 from unicron.shared.contracts.events import CloudEvent
 from unicron.shared.logging import get_logger
-from unicron.shared.outage import Outage
+from unicron.shared.outage import Outage, is_outage
 
 __all__ = ["STREAMS", "Bus", "parse_event"]
 log = get_logger(component="bus")
@@ -231,12 +231,25 @@ class Bus(EventBus):
     async def _bind(
         self, subject: str, durable: str, deliver_new: bool, delivery: Delivery[Any]
     ) -> None:
-        # Named: nats-py then creates it by CONSUMER.CREATE.<stream>.<name>.<filter>, whose
-        # filter the server checks against the user's grant (docs/design.md §11).
-        sub = await self.js.subscribe(
-            subject, queue=durable, durable=durable, cb=delivery.receive, manual_ack=True,
-            config=consumer_config(durable, deliver_new),
-        )  # fmt: skip
+        # While a stream or consumer elects a new leader (a server of the cluster died), the
+        # consumer's info and create requests time out for seconds: a service (re)started
+        # then waits them out instead of exiting.
+        outage = Outage("consumer bind", component="bus", durable=durable)
+        while True:
+            try:
+                # Named: nats-py then creates it by CONSUMER.CREATE.<stream>.<name>.<filter>,
+                # whose filter the server checks against the user's grant (docs/design.md §11).
+                sub = await self.js.subscribe(
+                    subject, queue=durable, durable=durable, cb=delivery.receive,
+                    manual_ack=True, config=consumer_config(durable, deliver_new),
+                )  # fmt: skip
+                break
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                outage.failed(exc)
+                await outage.pause()
+        outage.ok()
         delivery.start()
         self._subs.append(sub)
         self._deliveries.append(delivery)
