@@ -381,6 +381,7 @@ class FakeMsg:
         self.subject = subject
         self.data = data
         self.metadata = None
+        self.headers: dict[str, str] | None = None
         self.outcomes: list[str] = []
 
     async def ack(self) -> None:
@@ -414,7 +415,15 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 async def consume_one(subject: str, parse: Decoder, raw: bytes) -> tuple[FakeMsg, Any, list[Any]]:
     js = FakeJetStream()
-    closed = SimpleNamespace(is_closed=True)  # no connection to drain at the end
+
+    async def lane(*_: Any, **__: Any) -> SimpleNamespace:  # the fast lane: nothing comes
+        async def unsubscribe() -> None:
+            pass
+
+        return SimpleNamespace(unsubscribe=unsubscribe)
+
+    # no connection to drain at the end
+    closed = SimpleNamespace(is_closed=True, subscribe=lane)
     bus = Bus(cast(Any, closed), cast(Any, js), source="unicron/fuzz")
     handled: list[Any] = []
 

@@ -29,6 +29,7 @@ from nats.js.errors import NotFoundError
 from unicron.shared.bus.api import EventBus
 from unicron.shared.bus.checkpoints import CheckpointObjects
 from unicron.shared.bus.delivery import PARSE_ERRORS, Delivery, consumer_config
+from unicron.shared.bus.lane import MSG_ID, lane_subject
 from unicron.shared.bus.natslogin import NatsAccess, open_client
 from unicron.shared.bus.packages import get_package, has_package, put_package
 from unicron.shared.bus.streams import ALL_EVENTS, EVENTS_STREAM, STREAMS
@@ -159,7 +160,14 @@ class Bus(EventBus):
     # --- publishing ----------------------------------------------------------------------
 
     async def _publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
-        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        if msg_id is None:
+            await self.js.publish(subject, payload, timeout=5.0)
+            return
+        headers = {MSG_ID: msg_id}
+        # The lane's copy first: it reaches a consumer even while the stream elects a leader
+        # (shared/bus/lane.py). Fire and forget: the stream's copy is the one that counts.
+        with contextlib.suppress(Exception):
+            await self.nc.publish(lane_subject(subject), payload, headers=headers)
         await self.js.publish(subject, payload, headers=headers, timeout=5.0)
 
     # --- request/reply and objects -------------------------------------------------------
@@ -250,8 +258,9 @@ class Bus(EventBus):
                 outage.failed(exc)
                 await outage.pause()
         outage.ok()
+        lane = await self.nc.subscribe(lane_subject(subject), queue=durable, cb=delivery.by_lane)
         delivery.start()
-        self._subs.append(sub)
+        self._subs += [sub, lane]
         self._deliveries.append(delivery)
 
     async def tail_events(

@@ -18,6 +18,10 @@ in one call (up to ``MAX_ACK_PENDING``), in order: a burst of reports about one 
 write of its record, not one per report. Each message is still parsed, checked and, when its
 batch succeeded, acked on its own; a batch that fails is handled again one message at a time,
 so only a message that fails alone is retried or dead-lettered.
+
+A message may come twice: from the stream and from the fast lane (:mod:`unicron.shared.bus.lane`).
+Whichever copy comes first is handled; the other is skipped by the message's id, and a lane
+copy is never acknowledged, handed back or dead-lettered: its stream copy is the record.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Generic, TypeVar
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
+from unicron.shared.bus.lane import Handled, LaneMsg, is_lane, message_id
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage, is_outage
 from unicron.shared.tasks import cancel_and_wait
@@ -56,6 +61,7 @@ class ClaimRefusedError(Exception):
     because nothing on the bus is trusted just because it arrived (docs/design.md §6)."""
 
 
+Received = Msg | LaneMsg
 Claim = Callable[[str, T], Awaitable[None]]
 Batch = Callable[[list[T]], Awaitable[None]]
 DeadLetterSink = Callable[[str, bytes, str, int], Awaitable[None]]
@@ -84,8 +90,9 @@ class Delivery(Generic[T]):
     outage: Outage
     refused: Callable[[], None]
     batch: Batch[T] | None = None
-    _held: dict[int, Msg] = field(default_factory=dict)  # by id: received, not yet finished
-    _queue: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    _held: dict[int, Received] = field(default_factory=dict)  # by id: received, not finished
+    _queue: asyncio.Queue[Received] = field(default_factory=asyncio.Queue)
+    _handled: Handled = field(default_factory=Handled)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def start(self) -> None:
@@ -94,11 +101,15 @@ class Delivery(Generic[T]):
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks, what="bus delivery")
 
-    async def receive(self, msg: Msg) -> None:
+    async def receive(self, msg: Received) -> None:
         """The subscription's callback: returns at once, so every held message is ours to
         keep alive."""
         self._held[id(msg)] = msg
         self._queue.put_nowait(msg)
+
+    async def by_lane(self, msg: Msg) -> None:
+        """The fast lane's callback (:mod:`unicron.shared.bus.lane`)."""
+        await self.receive(LaneMsg.of(msg))
 
     async def _work(self) -> None:
         while True:
@@ -120,8 +131,8 @@ class Delivery(Generic[T]):
                 with contextlib.suppress(Exception):  # NATS may be the one that is away
                     await msg.in_progress()
 
-    async def on_messages(self, msgs: list[Msg]) -> None:
-        admitted = [one for msg in msgs if (one := await self._admit(msg)) is not None]
+    async def on_messages(self, msgs: list[Received]) -> None:
+        admitted = [one for msg in await self._unseen(msgs) if (one := await self._admit(msg))]
         if len(admitted) > 1 and self.batch is not None:
             batch = self.batch
             try:
@@ -135,12 +146,29 @@ class Delivery(Generic[T]):
             else:
                 self.outage.ok()
                 for msg, _ in admitted:
-                    await msg.ack()
+                    await self._done(msg)
                 return
         for msg, item in admitted:
             await self._handle(msg, item)
 
-    async def _admit(self, msg: Msg) -> tuple[Msg, T] | None:
+    async def _unseen(self, msgs: list[Received]) -> list[Received]:
+        """``msgs`` without the copies of messages already handled (a stream copy of one is
+        acknowledged) and without a lane copy whose stream copy is among them."""
+        stored = {message_id(m) for m in msgs if not is_lane(m)} - {None}
+        fresh = []
+        for msg in msgs:
+            msg_id = message_id(msg)
+            if msg_id in self._handled:
+                await msg.ack()
+            elif not (is_lane(msg) and msg_id in stored):
+                fresh.append(msg)
+        return fresh
+
+    async def _done(self, msg: Received) -> None:
+        await msg.ack()
+        self._handled.add(message_id(msg))
+
+    async def _admit(self, msg: Received) -> tuple[Received, T] | None:
         """The message and what it parsed to, if it parses and its claims hold; else it is
         dead-lettered (or handed back, when the check failed for another reason)."""
         try:
@@ -158,27 +186,32 @@ class Delivery(Generic[T]):
             return None
         return msg, item
 
-    async def _handle(self, msg: Msg, item: T) -> None:
+    async def _handle(self, msg: Received, item: T) -> None:
         try:
             await self._through_outage(lambda: self.handler(item))
         except Exception as exc:
             await self._refuse_or_fail(msg, exc)
             return
         self.outage.ok()
-        await msg.ack()
+        await self._done(msg)
 
-    async def _refuse_or_fail(self, msg: Msg, exc: Exception) -> None:
+    async def _refuse_or_fail(self, msg: Received, exc: Exception) -> None:
+        if is_lane(msg):  # its stream copy is refused, retried or dead-lettered instead
+            log.debug("lane copy not handled", subject=msg.subject, error=repr(exc))
+            return
         if isinstance(exc, ClaimRefusedError):
             self.refused()
             await self._reject(msg, f"refused: {exc}")
         else:
             await self._failed(msg, exc)
 
-    async def _reject(self, msg: Msg, reason: str) -> None:
+    async def _reject(self, msg: Received, reason: str) -> None:
+        if is_lane(msg):
+            return
         await self.dead_letter(msg.subject, msg.data, reason, _deliveries(msg))
         await msg.term()
 
-    async def _failed(self, msg: Msg, exc: Exception) -> None:
+    async def _failed(self, msg: Received, exc: Exception) -> None:
         deliveries = _deliveries(msg)
         if is_outage(exc):  # still away: hand it back for later, without a traceback
             with contextlib.suppress(Exception):
@@ -205,5 +238,5 @@ class Delivery(Generic[T]):
             await self.outage.pause()
 
 
-def _deliveries(msg: Msg) -> int:
+def _deliveries(msg: Received) -> int:
     return msg.metadata.num_delivered if msg.metadata else 1

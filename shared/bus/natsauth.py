@@ -17,10 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel
 from unicron.shared.bus.checkpoints import CHECKPOINTS_BUCKET
+from unicron.shared.bus.lane import lane_subject
 from unicron.shared.bus.packages import PACKAGES_BUCKET
 from unicron.shared.bus.streams import COMMANDS_STREAM as COMMANDS
 from unicron.shared.bus.streams import EVENTS_STREAM as EVENTS
 from unicron.shared.bus.streams import REPORTS_STREAM as REPORTS
+from unicron.shared.bus.streams import STREAMS
 from unicron.shared.contracts import events as ev
 from unicron.shared.contracts.logs import logs_subject
 from unicron.shared.contracts.messages import (
@@ -114,16 +116,42 @@ def _publishes(user: ServiceUser) -> list[str]:
     return [*own, *packages, *snapshots]
 
 
+# The subjects of the streams whose messages may also travel the fast lane: every one with an
+# id (events, commands, reports); a dead letter has none.
+_STREAM_PREFIXES = tuple(
+    s.removesuffix(">") for subjects in STREAMS.values() for s in subjects if s.endswith(">")
+)
+
+
+def _lanes(user: ServiceUser, publish: list[str]) -> tuple[list[str], list[str]]:
+    """The fast lane (shared/bus/lane.py) granted as the streams are: a user publishes the
+    lane twin of each stream subject it may publish, and reads the lanes of the streams it
+    may create consumers on (an agent: of its own command subject)."""
+    sends = [lane_subject(g) for g in publish if g.startswith(_STREAM_PREFIXES)]
+    reads = [
+        lane_subject(subject)
+        for stream, subjects in STREAMS.items()
+        if f"$JS.API.CONSUMER.CREATE.{stream}" in publish
+        for subject in subjects
+    ]
+    if user.node_id is not None:
+        reads.append(lane_subject(command_subject(user.node_id)))
+    return sends, reads
+
+
 def permissions(user: ServiceUser) -> Permissions:
     if user.role == ServiceRole.ADMIN:
         return Permissions(publish=[">"], subscribe=[">"])
     inbox = inbox_prefix(user.name) + ".>"
     publish = [*_publishes(user), DEADLETTER_SUBJECT, *_LOOKUP]
+    sends, reads = _lanes(user, publish)
+    publish += sends
     if user.role != ServiceRole.AGENT:
-        return Permissions(publish=publish, subscribe=[inbox])
+        return Permissions(publish=publish, subscribe=[inbox, *reads])
     assert user.node_id is not None
     requests = [ping_subject(user.node_id), logs_subject(user.node_id)]
-    return Permissions(publish=publish, subscribe=[inbox, *requests], allow_responses=True)
+    subscribe = [inbox, *requests, *reads]
+    return Permissions(publish=publish, subscribe=subscribe, allow_responses=True)
 
 
 # --- the server's configuration -----------------------------------------------------------

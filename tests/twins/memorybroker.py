@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from unicron.shared.bus.delivery import MAX_DELIVER
+from unicron.shared.bus.lane import MSG_ID
 from unicron.shared.bus.streams import STREAMS
 from unicron.shared.logging import get_logger
 
@@ -46,6 +47,7 @@ def matches(pattern: str, subject: str) -> bool:
 class Stored:
     subject: str
     data: bytes
+    msg_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class JetStreamMsg:
         stored = durable.stream.log[seq - 1]
         self.durable, self.seq = durable, seq
         self.subject, self.data = stored.subject, stored.data
+        self.headers = None if stored.msg_id is None else {MSG_ID: stored.msg_id}
         self.metadata = Metadata(delivered)
 
     async def ack(self) -> None:
@@ -176,7 +179,7 @@ class Stream:
             if at - self._seen.get(msg_id, -DUPLICATE_WINDOW_S) < DUPLICATE_WINDOW_S:
                 return  # a duplicate: acknowledged, not stored
             self._seen[msg_id] = at
-        self.log.append(Stored(subject, data))
+        self.log.append(Stored(subject, data, msg_id))
         grown, self.grown = self.grown, asyncio.Event()
         grown.set()
         for durable in self.durables:
