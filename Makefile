@@ -61,7 +61,7 @@ lint: imports
 	  | sed -E "s#^$(VIEW)/unicron/(cli|planning|services|shared|simulator|trainer)/#\1/#; s#^$(VIEW)/##"
 
 # `make bench-NAME` runs bench/NAME.py.
-BENCHES := detect overhead plan recover simulate chaos scale
+BENCHES := detect overhead plan recover simulate chaos scale natsleader
 $(addprefix bench-,$(BENCHES)): bench-%: $(STAMP)
 	$(BIN)/python bench/$*.py
 

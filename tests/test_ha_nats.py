@@ -25,7 +25,7 @@ from unicron.shared.bus.streams import (
     STREAMS,
 )
 from unicron.shared.bus.streamsetup import StreamReplicasError
-from unicron.shared.contracts.events import JobStateChanged
+from unicron.shared.contracts.events import CloudEvent, JobStateChanged, event_subject
 from unicron.shared.contracts.lifecycle import JobState
 from unicron.shared.contracts.messages import StopWorkers
 from unicron.shared.contracts.reports import StepCompleted
@@ -213,11 +213,25 @@ async def test_a_service_started_during_a_leader_election_waits_it_out(
         await service.close()
 
 
+async def lane_open(publisher: Bus, warm_seen: asyncio.Event) -> None:
+    """Until the consumer's interest in the lane has reached the publisher's server (routes
+    share it a moment after the subscription): a lane copy sent before then reaches nobody."""
+    warm = JobStateChanged(job_id="warm", old=JobState.PENDING, new=JobState.STARTING, reason="")
+    payload = CloudEvent.wrap(warm, "unicron/test", "evt-warm").model_dump_json().encode()
+    for attempt in range(100):
+        await publisher.publisher.lane(event_subject(warm.TYPE), payload, f"evt-warm-{attempt}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(warm_seen.wait(), 0.1)
+            return
+    raise AssertionError("the lane never reached the consumer")
+
+
 async def test_an_event_published_while_its_stream_elects_a_leader_comes_by_the_lane(
     cluster: list[EmbeddedServer],
 ) -> None:
     """The stream cannot store an event until its new leader is elected (seconds); its copy on
-    the fast lane reaches the consumer meanwhile, and the stored copy is not handled again."""
+    the fast lane reaches the consumer meanwhile, the publish waits the election out, and the
+    stored copy is not handled again."""
     probe = await Bus.connect(cluster_url(cluster), "unicron/test-probe", 20, replicas=3)
     victim = await events_leader(probe, cluster)
     await probe.close()
@@ -225,9 +239,14 @@ async def test_an_event_published_while_its_stream_elects_a_leader_comes_by_the_
     consumer = await Bus.connect(others, "unicron/test-consumer", 20, replicas=3)
     publisher = await Bus.connect(others, "unicron/test-publisher", 20, replicas=3)
     handled: asyncio.Queue[str] = asyncio.Queue()
+    warm_seen = asyncio.Event()
 
     async def on_event(raw: bytes) -> None:
-        await handled.put(parse_event(raw).id)
+        event_id = parse_event(raw).id
+        if event_id == "evt-warm":  # the lane is open (lane_open)
+            warm_seen.set()
+        else:
+            await handled.put(event_id)
 
     def event(index: int) -> JobStateChanged:
         return JobStateChanged(
@@ -236,10 +255,10 @@ async def test_an_event_published_while_its_stream_elects_a_leader_comes_by_the_
 
     try:
         await consumer.consume(ALL_EVENTS, "lane-events", bytes, on_event)
+        await lane_open(publisher, warm_seen)
         victim.process.kill()
-        stored = asyncio.create_task(
-            until_acked(lambda: publisher.publish_event(event(0), event_id="evt-0"))
-        )
+        # One call: the publish itself waits out the election to store the event.
+        stored = asyncio.create_task(publisher.publish_event(event(0), event_id="evt-0"))
         assert await asyncio.wait_for(handled.get(), 30) == "evt-0"
         assert not stored.done()  # it came before the stream could store it
         await stored

@@ -135,10 +135,6 @@ async def send_all(bus: Bus, commands: Sequence[tuple[str, AnyAgentCommand]]) ->
         await asyncio.gather(*(bus.send_command(node_id, cmd) for node_id, cmd in chunk))
 
 
-async def send_regroups(bus: Bus, job: Job, nodes: dict[str, NodeRecord]) -> None:
-    await send_all(bus, regroup_commands(job, nodes))
-
-
 async def send_starts(bus: Bus, job: Job, nodes: dict[str, NodeRecord]) -> None:
     await send_all(bus, start_commands(job, nodes))
 
@@ -175,14 +171,19 @@ async def send_stops(
 ) -> None:
     """Stop the job's older workers on ``node_ids`` (``stop_targets``); a lost node gets it
     on return."""
-    stops = [
+    await send_all(bus, stop_commands(job, node_ids, below_generation, reason))
+
+
+def stop_commands(
+    job: Job, node_ids: list[str], below_generation: int | None, reason: str
+) -> list[tuple[str, StopWorkers]]:
+    return [
         (node_id, StopWorkers(
             command_id=f"stop:{job.id}:{below_generation}:{node_id}", job_id=job.id,
             below_generation=below_generation, reason=reason,
         ))
         for node_id in node_ids
     ]  # fmt: skip
-    await send_all(bus, stops)
 
 
 async def send_generation(
@@ -199,10 +200,14 @@ async def send_generation(
     with contextlib.suppress(MissingNodeError):  # raised below, after the stops went out
         starts = start_commands(job, nodes) if starting else []
     early, late = split_starts(job, before, starts or [])
-    await send_all(bus, early)
-    if job.transition_kind == TransitionMode.IN_PLACE and starting:
-        await send_regroups(bus, job, nodes)
-    await send_stops(bus, job, stop_targets(job, before, nodes), job.generation, reason)
+    in_place = job.transition_kind == TransitionMode.IN_PLACE and starting
+    regroups = regroup_commands(job, nodes) if in_place else []
+    stops = stop_commands(job, stop_targets(job, before, nodes), job.generation, reason)
+    # All of them on the fast lane at once, in order: a commands stream that is electing a
+    # leader then holds up storing each group, not the survivors' regroups behind it.
+    await bus.lane_ahead([*early, *regroups, *stops, *late])
+    for group in (early, regroups, stops):
+        await send_all(bus, group)
     if starts is None:
         await send_starts(bus, job, nodes)  # raises MissingNodeError
     await send_all(bus, late)

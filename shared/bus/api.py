@@ -10,7 +10,7 @@ dead-letter and deliver a message the same way; each adds its transport.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from unicron.shared.bus.delivery import Batch, Claim, Delivery
@@ -62,6 +62,11 @@ class EventBus(ABC):
     async def send_command(self, node_id: str, command: AnyAgentCommand) -> None:
         payload = command.model_dump_json().encode()
         await self._publish(command_subject(node_id), payload, command.command_id)
+
+    @abstractmethod
+    async def lane_ahead(self, commands: Sequence[tuple[str, AnyAgentCommand]]) -> None:
+        """Deliver ``commands`` (node id, command) now and in order, before they are stored one
+        group after another (:mod:`unicron.shared.bus.lane`)."""
 
     async def publish_report(self, report: AnyReport) -> None:
         payload = report.model_dump_json().encode()

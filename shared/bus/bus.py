@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import nats
@@ -29,12 +29,14 @@ from nats.js.errors import NotFoundError
 from unicron.shared.bus.api import EventBus
 from unicron.shared.bus.checkpoints import CheckpointObjects
 from unicron.shared.bus.delivery import PARSE_ERRORS, Delivery, consumer_config
-from unicron.shared.bus.lane import MSG_ID, lane_subject
+from unicron.shared.bus.lane import lane_subject
 from unicron.shared.bus.natslogin import NatsAccess, open_client
 from unicron.shared.bus.packages import get_package, has_package, put_package
+from unicron.shared.bus.publisher import Publisher
 from unicron.shared.bus.streams import ALL_EVENTS, EVENTS_STREAM, STREAMS
 from unicron.shared.bus.streamsetup import NOT_READY, ensure_streams
 from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.messages import AnyAgentCommand
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage, is_outage
 
@@ -61,6 +63,7 @@ class Bus(EventBus):
         self.replicas = replicas
         self._subs: list[Any] = []
         self._deliveries: list[Delivery[Any]] = []
+        self.publisher = Publisher(nc, js)
         self.link_outage = Outage("nats connection", component="bus", source=source)
 
     @classmethod
@@ -160,15 +163,10 @@ class Bus(EventBus):
     # --- publishing ----------------------------------------------------------------------
 
     async def _publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
-        if msg_id is None:
-            await self.js.publish(subject, payload, timeout=5.0)
-            return
-        headers = {MSG_ID: msg_id}
-        # The lane's copy first: it reaches a consumer even while the stream elects a leader
-        # (shared/bus/lane.py). Fire and forget: the stream's copy is the one that counts.
-        with contextlib.suppress(Exception):
-            await self.nc.publish(lane_subject(subject), payload, headers=headers)
-        await self.js.publish(subject, payload, headers=headers, timeout=5.0)
+        await self.publisher.publish(subject, payload, msg_id)
+
+    async def lane_ahead(self, commands: Sequence[tuple[str, AnyAgentCommand]]) -> None:
+        await self.publisher.lane_ahead(commands)
 
     # --- request/reply and objects -------------------------------------------------------
 

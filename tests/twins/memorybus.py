@@ -13,7 +13,7 @@ pings. Not modelled: ack waits (a live consumer keeps its messages anyway), stre
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from nats.errors import NoRespondersError
@@ -23,6 +23,7 @@ from unicron.shared.bus.delivery import PARSE_ERRORS, Delivery
 from unicron.shared.bus.packages import PackageError, sha256_hex
 from unicron.shared.bus.streams import EVENTS_STREAM
 from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.messages import AnyAgentCommand
 from unicron.shared.logging import get_logger
 
 from tests.twins.memorybroker import Durable, MemoryBroker, MemoryCore, Receive, matches
@@ -105,6 +106,9 @@ class MemoryBus(EventBus):
         return next(found, None)
 
     # --- consuming -----------------------------------------------------------------------
+
+    async def lane_ahead(self, commands: Sequence[tuple[str, AnyAgentCommand]]) -> None:
+        """No fast lane in memory: nothing stalls storing, commands arrive as they are stored."""
 
     async def _bind(
         self, subject: str, durable: str, deliver_new: bool, delivery: Delivery[Any]
