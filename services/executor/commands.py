@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import TypedDict
 
+from unicron.shared.bus.api import command_message
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.messages import (
     AnyAgentCommand,
@@ -205,7 +206,8 @@ async def send_generation(
     stops = stop_commands(job, stop_targets(job, before, nodes), job.generation, reason)
     # All of them on the fast lane at once, in order: a commands stream that is electing a
     # leader then holds up storing each group, not the survivors' regroups behind it.
-    await bus.lane_ahead([*early, *regroups, *stops, *late])
+    ordered: list[tuple[str, AnyAgentCommand]] = [*early, *regroups, *stops, *late]
+    await bus.lane_ahead([command_message(node_id, command) for node_id, command in ordered])
     for group in (early, regroups, stops):
         await send_all(bus, group)
     if starts is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from unicron.shared.bus.delivery import Batch, Claim, Delivery
@@ -27,6 +28,31 @@ from unicron.shared.outage import Outage
 
 T = TypeVar("T")
 log = get_logger(component="bus")
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A message made once and sent as often as it takes: its subject, its bytes and its id
+    (None: a message NATS does not de-duplicate and the lane does not carry)."""
+
+    subject: str
+    payload: bytes
+    msg_id: str | None = None
+    what: str = ""  # its kind, for logs
+
+
+def report_message(report: AnyReport) -> Outgoing:
+    payload = report.model_dump_json().encode()
+    return Outgoing(report_subject(report), payload, report_id(report), report.kind)
+
+
+def command_message(node_id: str, command: AnyAgentCommand) -> Outgoing:
+    payload = command.model_dump_json().encode()
+    return Outgoing(command_subject(node_id), payload, command.command_id, type(command).__name__)
+
+
+def event_message(event: CloudEvent) -> Outgoing:
+    return Outgoing(event.nats_subject, event.model_dump_json().encode(), event.id, event.type)
 
 
 class EventBus(ABC):
@@ -53,26 +79,32 @@ class EventBus(ABC):
     async def _publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
         """Store ``payload`` in the stream of ``subject``, once per ``msg_id``."""
 
+    async def send(self, message: Outgoing) -> None:
+        await self._publish(message.subject, message.payload, message.msg_id)
+
+    def wrap(self, data: EventData, event_id: str | None = None) -> CloudEvent:
+        return CloudEvent.wrap(data, self.source, event_id)
+
     async def publish_event(self, data: EventData, event_id: str | None = None) -> CloudEvent:
-        event = CloudEvent.wrap(data, self.source, event_id)
-        await self._publish(event.nats_subject, event.model_dump_json().encode(), event.id)
+        event = self.wrap(data, event_id)
+        await self.send(event_message(event))
         log.debug("event published", type=event.type, id=event.id)
         return event
 
     async def send_command(self, node_id: str, command: AnyAgentCommand) -> None:
-        payload = command.model_dump_json().encode()
-        await self._publish(command_subject(node_id), payload, command.command_id)
+        await self.send(command_message(node_id, command))
 
     @abstractmethod
-    async def lane_ahead(self, commands: Sequence[tuple[str, AnyAgentCommand]]) -> None:
-        """Deliver ``commands`` (node id, command) now and in order, before they are stored one
-        group after another (:mod:`unicron.shared.bus.lane`)."""
+    async def lane_ahead(self, messages: Sequence[Outgoing]) -> None:
+        """Deliver ``messages`` now and in order, before they are stored one after another
+        (:mod:`unicron.shared.bus.lane`); those without an id are left to their storing."""
 
     async def publish_report(self, report: AnyReport) -> None:
-        payload = report.model_dump_json().encode()
-        await self._publish(report_subject(report), payload, report_id(report))
+        await self.send(report_message(report))
 
-    async def dead_letter(self, subject: str, payload: bytes, reason: str, deliveries: int) -> None:
+    def dead_letter_message(
+        self, subject: str, payload: bytes, reason: str, deliveries: int
+    ) -> Outgoing:
         letter = DeadLetter(
             subject=subject,
             reason=reason,
@@ -80,8 +112,11 @@ class EventBus(ABC):
             service=self.source,
             deliveries=deliveries,
         )
+        return Outgoing(DEADLETTER_SUBJECT, letter.model_dump_json().encode(), what="dead_letter")
+
+    async def dead_letter(self, subject: str, payload: bytes, reason: str, deliveries: int) -> None:
         log.warning("message dead-lettered", subject=subject, reason=reason)
-        await self._publish(DEADLETTER_SUBJECT, letter.model_dump_json().encode())
+        await self.send(self.dead_letter_message(subject, payload, reason, deliveries))
 
     # --- request/reply, objects and stored messages ----------------------------------------
 

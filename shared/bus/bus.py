@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from unicron.shared.bus.api import EventBus
+from unicron.shared.bus.api import EventBus, Outgoing
 from unicron.shared.bus.checkpoints import CheckpointObjects
 from unicron.shared.bus.delivery import PARSE_ERRORS, Delivery, consumer_config
 from unicron.shared.bus.lane import lane_subject
@@ -36,7 +36,6 @@ from unicron.shared.bus.publisher import Publisher
 from unicron.shared.bus.streams import ALL_EVENTS, EVENTS_STREAM, STREAMS
 from unicron.shared.bus.streamsetup import NOT_READY, ensure_streams
 from unicron.shared.contracts.events import CloudEvent
-from unicron.shared.contracts.messages import AnyAgentCommand
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage, is_outage
 
@@ -165,8 +164,8 @@ class Bus(EventBus):
     async def _publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
         await self.publisher.publish(subject, payload, msg_id)
 
-    async def lane_ahead(self, commands: Sequence[tuple[str, AnyAgentCommand]]) -> None:
-        await self.publisher.lane_ahead(commands)
+    async def lane_ahead(self, messages: Sequence[Outgoing]) -> None:
+        await self.publisher.lane_ahead(messages)
 
     # --- request/reply and objects -------------------------------------------------------
 

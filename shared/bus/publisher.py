@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
+from unicron.shared.bus.api import Outgoing
 from unicron.shared.bus.lane import MSG_ID, Handled, lane_subject
-from unicron.shared.contracts.messages import AnyAgentCommand, command_subject
 from unicron.shared.outage import Outage, is_outage
 
 # How long a publish retries storing its message: past a leader election (4-9 s measured on
@@ -51,10 +51,10 @@ class Publisher:
         with contextlib.suppress(Exception):
             await self.nc.publish(lane_subject(subject), payload, headers={MSG_ID: msg_id})
 
-    async def lane_ahead(self, commands: Sequence[tuple[str, AnyAgentCommand]]) -> None:
-        for node_id, command in commands:
-            payload = command.model_dump_json().encode()
-            await self.lane(command_subject(node_id), payload, command.command_id)
+    async def lane_ahead(self, messages: Sequence[Outgoing]) -> None:
+        for message in messages:
+            if message.msg_id is not None:
+                await self.lane(message.subject, message.payload, message.msg_id)
 
     async def store(self, subject: str, payload: bytes, headers: dict[str, str] | None) -> None:
         started = time.monotonic()

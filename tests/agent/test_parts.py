@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
 from unicron.services.agent import registry
-from unicron.services.agent.outbox import Outbox, Report
+from unicron.services.agent.outbox import Outbox
 from unicron.services.agent.settings import AgentSettings, default_node_id
 from unicron.services.agent.store import RendezvousStore
+from unicron.shared.bus.api import Outgoing
 from unicron.shared.contracts.reports import StepCompleted, WorkerExited
 from unicron.shared.procs import port_open
 
@@ -48,18 +48,27 @@ def test_registry_runs_only_registered_modules() -> None:
 
 
 class FlakyBus:
-    """Fails its first publishes, as JetStream does while it is away."""
+    """Fails its first publishes, as JetStream does while it is away; ``stalled``: holds every
+    store, as a stream electing a leader does."""
 
     def __init__(self, failures: int) -> None:
         self.connected = True
         self.failures = failures
-        self.sent: asyncio.Queue[Any] = asyncio.Queue()
+        self.stalled = asyncio.Event()
+        self.stalled.set()
+        self.sent: asyncio.Queue[Outgoing] = asyncio.Queue()
+        self.laned: asyncio.Queue[Outgoing] = asyncio.Queue()
 
-    async def publish_report(self, report: Report) -> None:
+    async def send(self, message: Outgoing) -> None:
+        await self.stalled.wait()
         if self.failures:
             self.failures -= 1
             raise TimeoutError("no ack")
-        self.sent.put_nowait(report)
+        self.sent.put_nowait(message)
+
+    async def lane_ahead(self, messages: list[Outgoing]) -> None:
+        for message in messages:
+            self.laned.put_nowait(message)
 
 
 def _step(step: int) -> StepCompleted:
@@ -76,7 +85,7 @@ async def test_outbox_retries_in_order() -> None:
     for report in (_step(1), _step(2), _step(3), exit_report):  # step 3 overflows: dropped
         outbox.report(report)
     got = [await asyncio.wait_for(bus.sent.get(), 5) for _ in range(3)]
-    assert [r.kind for r in got] == ["step_completed", "step_completed", "worker_exited"]
+    assert [m.what for m in got] == ["step_completed", "step_completed", "worker_exited"]
     assert outbox.dropped == 1
     await outbox.close()
 
@@ -90,7 +99,28 @@ async def test_outbox_holds_messages_while_disconnected() -> None:
     await asyncio.sleep(0.3)  # proving an absence takes some time
     assert bus.sent.empty()
     bus.connected = True
-    assert (await asyncio.wait_for(bus.sent.get(), 5)).step == 1
+    sent = await asyncio.wait_for(bus.sent.get(), 5)
+    assert StepCompleted.model_validate_json(sent.payload).step == 1
+    assert bus.laned.empty()  # not on the lane while away: the store lanes it when it goes
+    await outbox.close()
+
+
+async def test_outbox_lanes_what_waits_behind_a_stalled_store() -> None:
+    """A worker's exit queued behind step telemetry whose store is stalled goes out on the lane
+    at once, after the telemetry and in order."""
+    bus = FlakyBus(failures=0)
+    bus.stalled.clear()
+    outbox = Outbox(bus)  # type: ignore[arg-type]
+    outbox.start()
+    exit_report = WorkerExited(node_id="n", job_id="j", generation=1, rank=0, pid=1, exit_code=1)
+    for report in (_step(1), _step(2), exit_report):
+        outbox.report(report)
+    laned = [await asyncio.wait_for(bus.laned.get(), 5) for _ in range(3)]
+    assert [m.what for m in laned] == ["step_completed", "step_completed", "worker_exited"]
+    assert bus.sent.empty()
+    bus.stalled.set()
+    stored = [await asyncio.wait_for(bus.sent.get(), 5) for _ in range(3)]
+    assert [m.msg_id for m in stored] == [m.msg_id for m in laned]
     await outbox.close()
 
 

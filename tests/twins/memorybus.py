@@ -17,13 +17,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any
 
 from nats.errors import NoRespondersError
-from unicron.shared.bus.api import EventBus
+from unicron.shared.bus.api import EventBus, Outgoing
 from unicron.shared.bus.bus import parse_event
 from unicron.shared.bus.delivery import PARSE_ERRORS, Delivery
 from unicron.shared.bus.packages import PackageError, sha256_hex
 from unicron.shared.bus.streams import EVENTS_STREAM
 from unicron.shared.contracts.events import CloudEvent
-from unicron.shared.contracts.messages import AnyAgentCommand
 from unicron.shared.logging import get_logger
 
 from tests.twins.memorybroker import Durable, MemoryBroker, MemoryCore, Receive, matches
@@ -107,8 +106,8 @@ class MemoryBus(EventBus):
 
     # --- consuming -----------------------------------------------------------------------
 
-    async def lane_ahead(self, commands: Sequence[tuple[str, AnyAgentCommand]]) -> None:
-        """No fast lane in memory: nothing stalls storing, commands arrive as they are stored."""
+    async def lane_ahead(self, messages: Sequence[Outgoing]) -> None:
+        """No fast lane in memory: nothing stalls storing, messages arrive as they are stored."""
 
     async def _bind(
         self, subject: str, durable: str, deliver_new: bool, delivery: Delivery[Any]
