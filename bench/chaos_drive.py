@@ -143,13 +143,15 @@ class ChaosDriver:
 
     def _spare_ready(self, job_id: str, rank: int) -> bool:
         """The node of ``rank`` said it has a warm spare, in a heartbeat sent after the last
-        fault or recovery (which may have used it up): the steady state in which
-        ``bench/recover.py`` measures too (docs/design.md §5)."""
-        worker = next((w for w in self.jobs[job_id]["workers"] if w["rank"] == rank), None)
+        fault or recovery, and after the job's own start (each may have used it up): the steady
+        state in which ``bench/recover.py`` measures too (docs/design.md §5)."""
+        job = self.jobs[job_id]
+        worker = next((w for w in job["workers"] if w["rank"] == rank), None)
         node = self.nodes.get(worker["node_id"]) if worker else None
+        changed = max([self.last_change, *(entry["at"] for entry in job["history"])])
         return bool(
             node is not None
-            and node["last_heartbeat"] > self.last_change
+            and node["last_heartbeat"] > changed
             and node.get("spares_ready", 0) >= 1
         )
 

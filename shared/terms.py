@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import describe, is_outage
 from unicron.shared.store.lease import Lease
+from unicron.shared.tasks import cancel_and_wait
 
 log = get_logger(component="terms")
 
@@ -43,6 +44,19 @@ async def serve_terms(
                     await asyncio.wait_for(stop.wait(), lease.ttl_s)
     finally:
         await lease.release()
+
+
+@contextlib.asynccontextmanager
+async def renewing(lease: Lease, stop: asyncio.Event) -> AsyncIterator[asyncio.Task[None]]:
+    """Renew ``lease`` from a term's first line; the task yielded ends when the lease is lost.
+    A term's set-up (a connection, its durable consumers bound on a loaded NATS cluster) took
+    longer than the 1.5-s TTL in ``bench/chaos.py --ha``, and a lease renewed only after it
+    lapsed: the new planner lost its first term and its first plan."""
+    keeper = asyncio.create_task(lease.keep(stop), name=f"{lease.name} lease")
+    try:
+        yield keeper
+    finally:
+        await cancel_and_wait([keeper], what=f"{lease.name} lease renewal")
 
 
 class NotHolderError(ConnectionError):

@@ -36,7 +36,7 @@ from unicron.shared.outage import Outage
 from unicron.shared.store.lease import EXECUTOR_LEASE, Lease
 from unicron.shared.store.state import StateStore
 from unicron.shared.tasks import cancel_and_wait
-from unicron.shared.terms import check_holder, serve_terms
+from unicron.shared.terms import check_holder, renewing, serve_terms
 
 log = get_logger()
 T = TypeVar("T")
@@ -114,19 +114,21 @@ class Executor:
         log.info("executor active", epoch=self.lease.epoch, holder=self.lease.holder)
         # Rebuilds the records if Redis lost them; reports wait until it is sure they are there.
         records = Rebuilder(self.bus, self.state, self.settings)
-        with contextlib.suppress(Exception):  # its watch below tries again, and logs why
-            await records.check()
-        access = self.settings.nats_access
-        bus = await Bus.connect(self.settings.nats_url, "unicron/executor", access=access)
-        tasks: list[asyncio.Task[None]] = []
-        try:
-            await self._subscribe(bus, records)
+        async with renewing(self.lease, stop) as kept:
+            with contextlib.suppress(Exception):  # its watch below tries again, and logs why
+                await records.check()
             tasks = [asyncio.create_task(self.loop(stop)), asyncio.create_task(records.watch(stop))]
-            await self.lease.keep(stop)
-        finally:
-            await cancel_and_wait(tasks, what="executor loops")
-            with contextlib.suppress(Exception):
-                await bus.close()
+            bus: Bus | None = None
+            try:
+                access = self.settings.nats_access
+                bus = await Bus.connect(self.settings.nats_url, "unicron/executor", access=access)
+                await self._subscribe(bus, records)
+                await kept
+            finally:
+                await cancel_and_wait(tasks, what="executor loops")
+                if bus is not None:
+                    with contextlib.suppress(Exception):
+                        await bus.close()
         if not stop.is_set():
             log.warning("executor standing by: lease lost", epoch=self.lease.epoch)
 

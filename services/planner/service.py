@@ -42,7 +42,7 @@ from unicron.shared.service import ServiceBody
 from unicron.shared.store.lease import PLANNER_LEASE
 from unicron.shared.store.state import StateStore
 from unicron.shared.tasks import cancel_and_wait
-from unicron.shared.terms import serve_terms
+from unicron.shared.terms import renewing, serve_terms
 
 STEPS_SUBJECT = reports_of_kind("step_completed")  # an agent of an earlier release's
 STEP_BATCHES_SUBJECT = reports_of_kind("steps_completed")
@@ -111,12 +111,28 @@ class Planner:
         log.info("planner active", epoch=self.lease.epoch, holder=self.lease.holder)
         self._last_inputs = None
         self.trigger(f"planner active (epoch {self.lease.epoch})")  # converge at once
-        # Subscriptions live on a connection of their own: closing it ends them, so a standby
-        # takes no events away from the active instance's durable consumers.
+        async with renewing(self.lease, stop) as kept:
+            # The loops first: the new term's first plan need not wait for its subscriptions
+            # (the executor's fast path acts only within a plan of the current term).
+            tasks = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._tick())]
+            term_bus: Bus | None = None
+            try:
+                term_bus = await self._subscribe()
+                await kept
+            finally:
+                await cancel_and_wait(tasks, what="planner loops")
+                if term_bus is not None:
+                    with contextlib.suppress(Exception):
+                        await term_bus.close()
+        if not stop.is_set():
+            log.warning("planner standing by: lease lost", epoch=self.lease.epoch)
+
+    async def _subscribe(self) -> Bus:
+        """The term's subscriptions, on a connection of their own: closing it ends them, so a
+        standby takes no events away from the active instance's durable consumers."""
         term_bus = await Bus.connect(
             self.settings.nats_url, "unicron/planner", access=self.settings.nats_access
         )
-        tasks: list[asyncio.Task[None]] = []
         try:
             await term_bus.consume(ALL_EVENTS, DURABLE, parse_event, self.on_event)
             await term_bus.consume(
@@ -127,14 +143,11 @@ class Planner:
                 STEP_BATCHES_SUBJECT, "planner-step-batches", StepsCompleted.model_validate_json,
                 self.feedback.on_steps, deliver_new=True,
             )  # fmt: skip
-            tasks = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._tick())]
-            await self.lease.keep(stop)
-        finally:
-            await cancel_and_wait(tasks, what="planner loops")
+        except BaseException:
             with contextlib.suppress(Exception):
                 await term_bus.close()
-        if not stop.is_set():
-            log.warning("planner standing by: lease lost", epoch=self.lease.epoch)
+            raise
+        return term_bus
 
     async def _tick(self) -> None:
         outage = Outage("calibration update", component="planner")

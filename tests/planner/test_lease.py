@@ -12,6 +12,7 @@ from unicron.shared.contracts.models import Job, JobSpec, JobState, NodeRecord, 
 from unicron.shared.contracts.plans import JobAllocation, Plan
 from unicron.shared.store.lease import PLANNER_LEASE, Lease, LeaseState, current_epoch
 from unicron.shared.store.state import StateStore
+from unicron.shared.terms import renewing
 
 TTL_S = 0.5
 
@@ -101,3 +102,18 @@ async def test_the_executor_refuses_a_plan_from_a_deposed_planner(
     started = await state.get_job(job.id)
     assert started is not None and started.state == JobState.STARTING
     assert started.plan_id == fresh.id and started.world_size == 2
+
+
+async def test_a_term_keeps_its_lease_through_a_set_up_longer_than_the_ttl(
+    state: StateStore,
+) -> None:
+    """A new term binding its consumers on a loaded NATS cluster took longer than the TTL; its
+    lease is renewed from the term's first line, so no standby takes the role meanwhile."""
+    active, standby = lease(state, "a"), lease(state, "b")
+    stop = asyncio.Event()
+    assert await active.try_acquire()
+    async with renewing(active, stop) as kept:
+        await asyncio.sleep(3 * TTL_S)  # the set-up
+        assert active.held() and not kept.done()
+        assert not await standby.try_acquire()
+    assert kept.cancelled()  # the term's end stops the renewals
