@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from unicron.shared.contracts.models import Job, JobState
+from unicron.shared.contracts.models import JobBase, JobState
 
 UNMATCHED = "<unmatched>"
 
@@ -38,7 +38,7 @@ class ApiMetrics:
             registry=self.registry,
         )  # fmt: skip
 
-    def set_jobs(self, jobs: Sequence[Job]) -> None:
+    def set_jobs(self, jobs: Sequence[JobBase]) -> None:
         counts = Tally(job.state for job in jobs)
         for state in JobState:
             self.jobs.labels(state.value).set(counts.get(state, 0))

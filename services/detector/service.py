@@ -39,6 +39,7 @@ from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
 from unicron.shared.store.api import JobStore
 from unicron.shared.store.hearing import Hearing
+from unicron.shared.store.summaries import job_summaries
 
 log = get_logger()
 CONSUMED_REPORTS = ("worker_exited", "worker_exception", "worker_hung", "step_completed")
@@ -90,8 +91,12 @@ class Detector:
         from the same exit report that is on its way here, and a candidate made from the record
         alone (no signal, no exception) must not beat the report that names the cause."""
         seen, self._failed_seen = self._failed_seen, set()
-        for job in await self.state.list_jobs():
-            if job.state not in (JobState.RUNNING, JobState.STARTING) or job.needs_recovery():
+        for summary in await job_summaries(self.state):
+            running = summary.state in (JobState.RUNNING, JobState.STARTING)
+            if not running or not summary.failed_ranks or summary.needs_recovery():
+                continue
+            job = await self.state.get_job(summary.id)
+            if job is None or job.needs_recovery():
                 continue
             failed = next((w for w in job.workers if w.state == WorkerState.FAILED), None)
             if failed is None:

@@ -28,13 +28,14 @@ from unicron.shared.bus.bus import Bus, parse_event
 from unicron.shared.bus.streams import ALL_REPORTS
 from unicron.shared.claims import ReportClaims
 from unicron.shared.contracts.events import CloudEvent, FailureDetected, PlanCreated, event_subject
-from unicron.shared.contracts.models import JobState, WorkerState, now
+from unicron.shared.contracts.models import JobState, now
 from unicron.shared.contracts.reports import REPORT
 from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage
 from unicron.shared.store.lease import EXECUTOR_LEASE, Lease
 from unicron.shared.store.state import StateStore
+from unicron.shared.store.summaries import job_summaries
 from unicron.shared.tasks import cancel_and_wait
 from unicron.shared.terms import check_holder, renewing, serve_terms
 
@@ -75,26 +76,32 @@ class Executor:
         await self.transitions.apply_plan(plan)
 
     async def reconcile(self) -> None:
+        """Apply the latest plan; fall back from a regroup that never stepped; ask again for
+        workers that never started. Reads the summaries, and the records of stuck jobs only."""
         check_holder(self.lease)
         plan = await self.state.latest_plan()
         if plan is not None:
             await self.transitions.apply_plan(plan)
-        nodes = {n.id: n for n in await self.state.list_nodes()}
-        for job in await self.state.list_jobs():
-            stuck = job.state in (JobState.STARTING, JobState.RECOVERING) and any(
-                w.state == WorkerState.LAUNCHING for w in job.workers
-            )
-            started = job.transition_started_at or now()
-            waited = now() - started
+        for job in await job_summaries(self.state):
+            if job.state not in (JobState.STARTING, JobState.RECOVERING):
+                continue
+            waited = now() - (job.transition_started_at or now())
             regrouping = job.transition_kind == TransitionMode.IN_PLACE and not job.stepping
             late = regrouping and waited > self.settings.regroup_timeout_s
             if late and job.state == JobState.RECOVERING:
                 why = f"no step {waited:.0f} s after the regroup started"
                 await self.transitions.fall_back(job.id, job.generation, why)
                 continue
-            if stuck and waited > self.settings.launch_timeout_s:
-                log.warning("workers not started; asking agents again", job_id=job.id)
-                await send_starts(self.bus, job, nodes)
+            if job.launching_ranks and waited > self.settings.launch_timeout_s:
+                await self._start_again(job.id)
+
+    async def _start_again(self, job_id: str) -> None:
+        job = await self.state.get_job(job_id)
+        if job is None:
+            return
+        log.warning("workers not started; asking agents again", job_id=job.id)
+        nodes = await self.state.list_nodes()
+        await send_starts(self.bus, job, {n.id: n for n in nodes})
 
     async def loop(self, stop: asyncio.Event) -> None:
         outage = Outage("executor reconcile", component="executor")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from enum import Enum
+from typing import Any
 
 from pydantic import BaseModel, Field
 from unicron.shared.contracts.jobspec import JobSpec as JobSpec
@@ -144,6 +145,15 @@ class JobBase(BaseModel):
     submitted_at: float = Field(default_factory=now)
     transition_started_at: float | None = None
 
+    def needs_recovery(self) -> bool:
+        """True while the last failure hit the generation that is running now."""
+        return (
+            not self.state.terminal
+            and self.last_failure is not None
+            and self.last_failure.generation == self.generation
+            and self.generation > 0
+        )
+
 
 class JobSummary(JobBase):
     """A job as ``GET /v1/jobs`` lists it: its record without workers and history, so a page
@@ -151,6 +161,8 @@ class JobSummary(JobBase):
 
     reason: str = Field("", description="why the job is in its state (its last history entry)")
     state_since: float = Field(description="when the job entered its state")
+    failed_ranks: int = Field(0, description="workers of the current generation that failed")
+    launching_ranks: int = Field(0, description="workers asked to start that have not yet")
 
 
 class Job(JobBase):
@@ -165,19 +177,12 @@ class Job(JobBase):
 
     def summary(self) -> JobSummary:
         entry = self.entered()
-        fields = {name: getattr(self, name) for name in JobBase.model_fields}
+        fields: dict[str, Any] = {name: getattr(self, name) for name in JobBase.model_fields}
+        fields["failed_ranks"] = sum(w.state == WorkerState.FAILED for w in self.workers)
+        fields["launching_ranks"] = sum(w.state == WorkerState.LAUNCHING for w in self.workers)
         if entry is None:
             return JobSummary(**fields, state_since=self.submitted_at)
         return JobSummary(**fields, reason=entry.reason, state_since=entry.at)
-
-    def needs_recovery(self) -> bool:
-        """True while the last failure hit the generation that is running now."""
-        return (
-            not self.state.terminal
-            and self.last_failure is not None
-            and self.last_failure.generation == self.generation
-            and self.generation > 0
-        )
 
     def set_state(self, state: JobState, reason: str, by: ServiceRole) -> bool:
         """Move to ``state`` as the service ``by`` and record why, if

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from unicron.services.api.deps import BusDep, MetricsDep, StateDep
 from unicron.shared.logging import get_logger
+from unicron.shared.store.summaries import job_summaries
 
 router = APIRouter(tags=["health"])
 log = get_logger(component="api.health")
@@ -56,7 +57,7 @@ async def readyz(response: Response, bus: BusDep, state: StateDep) -> Readiness:
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(state: StateDep, api_metrics: MetricsDep) -> Response:
     try:
-        api_metrics.set_jobs(await asyncio.wait_for(state.list_jobs(), PING_TIMEOUT_S * 4))
+        api_metrics.set_jobs(await asyncio.wait_for(job_summaries(state), PING_TIMEOUT_S * 4))
     except Exception as exc:  # request metrics stay useful while Redis is away
         log.warning("jobs gauge not refreshed", error=repr(exc))
     return Response(api_metrics.render(), media_type=CONTENT_TYPE_LATEST)
