@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
 
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import describe, is_outage
@@ -57,6 +58,43 @@ async def renewing(lease: Lease, stop: asyncio.Event) -> AsyncIterator[asyncio.T
         yield keeper
     finally:
         await cancel_and_wait([keeper], what=f"{lease.name} lease renewal")
+
+
+class Connection(Protocol):
+    async def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Connection)
+
+
+async def hold_term(
+    lease: Lease,
+    stop: asyncio.Event,
+    loops: Sequence[Callable[[], Coroutine[Any, Any, None]]],
+    connect: Callable[[], Awaitable[S]],
+    subscribe: Callable[[S], Awaitable[None]],
+    prepare: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """One term, until the lease is lost or ``stop`` is set: renew the lease from the first
+    line, ``prepare``, start ``loops``, then ``connect`` (a connection of the term's own) and
+    ``subscribe`` on it; at the end stop the loops and close the connection, which ends the
+    subscriptions, so a standby takes nothing away from the active instance's consumers. The
+    loops start before the subscriptions, so a new term acts (the planner's first plan)
+    without waiting for its consumers to be bound."""
+    async with renewing(lease, stop) as kept:
+        if prepare is not None:
+            await prepare()
+        tasks = [asyncio.create_task(loop()) for loop in loops]
+        connection: S | None = None
+        try:
+            connection = await connect()
+            await subscribe(connection)
+            await kept
+        finally:
+            await cancel_and_wait(tasks, what=f"{lease.name} loops")
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.close()
 
 
 class NotHolderError(ConnectionError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -36,8 +37,7 @@ from unicron.shared.outage import Outage
 from unicron.shared.store.lease import EXECUTOR_LEASE, Lease
 from unicron.shared.store.state import StateStore
 from unicron.shared.store.summaries import job_summaries
-from unicron.shared.tasks import cancel_and_wait
-from unicron.shared.terms import check_holder, renewing, serve_terms
+from unicron.shared.terms import check_holder, hold_term, serve_terms
 
 log = get_logger()
 T = TypeVar("T")
@@ -121,21 +121,18 @@ class Executor:
         log.info("executor active", epoch=self.lease.epoch, holder=self.lease.holder)
         # Rebuilds the records if Redis lost them; reports wait until it is sure they are there.
         records = Rebuilder(self.bus, self.state, self.settings)
-        async with renewing(self.lease, stop) as kept:
-            with contextlib.suppress(Exception):  # its watch below tries again, and logs why
+
+        async def check_records() -> None:
+            with contextlib.suppress(Exception):  # its watch tries again, and logs why
                 await records.check()
-            tasks = [asyncio.create_task(self.loop(stop)), asyncio.create_task(records.watch(stop))]
-            bus: Bus | None = None
-            try:
-                access = self.settings.nats_access
-                bus = await Bus.connect(self.settings.nats_url, "unicron/executor", access=access)
-                await self._subscribe(bus, records)
-                await kept
-            finally:
-                await cancel_and_wait(tasks, what="executor loops")
-                if bus is not None:
-                    with contextlib.suppress(Exception):
-                        await bus.close()
+
+        async def connect() -> Bus:
+            access = self.settings.nats_access
+            return await Bus.connect(self.settings.nats_url, "unicron/executor", access=access)
+
+        loops = [lambda: self.loop(stop), lambda: records.watch(stop)]
+        subscribe = functools.partial(self._subscribe, records=records)
+        await hold_term(self.lease, stop, loops, connect, subscribe, prepare=check_records)
         if not stop.is_set():
             log.warning("executor standing by: lease lost", epoch=self.lease.epoch)
 

@@ -18,7 +18,6 @@ plan is saved and announced only when it is news (``unicron.planning.planning.ne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -41,8 +40,7 @@ from unicron.shared.outage import Outage
 from unicron.shared.service import ServiceBody
 from unicron.shared.store.lease import PLANNER_LEASE
 from unicron.shared.store.state import StateStore
-from unicron.shared.tasks import cancel_and_wait
-from unicron.shared.terms import renewing, serve_terms
+from unicron.shared.terms import hold_term, serve_terms
 
 STEPS_SUBJECT = reports_of_kind("step_completed")  # an agent of an earlier release's
 STEP_BATCHES_SUBJECT = reports_of_kind("steps_completed")
@@ -111,43 +109,27 @@ class Planner:
         log.info("planner active", epoch=self.lease.epoch, holder=self.lease.holder)
         self._last_inputs = None
         self.trigger(f"planner active (epoch {self.lease.epoch})")  # converge at once
-        async with renewing(self.lease, stop) as kept:
-            # The loops first: the new term's first plan need not wait for its subscriptions
-            # (the executor's fast path acts only within a plan of the current term).
-            tasks = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._tick())]
-            term_bus: Bus | None = None
-            try:
-                term_bus = await self._subscribe()
-                await kept
-            finally:
-                await cancel_and_wait(tasks, what="planner loops")
-                if term_bus is not None:
-                    with contextlib.suppress(Exception):
-                        await term_bus.close()
+        await hold_term(
+            self.lease, stop, [self._plan_loop, self._tick], self._connect, self._subscribe
+        )
         if not stop.is_set():
             log.warning("planner standing by: lease lost", epoch=self.lease.epoch)
 
-    async def _subscribe(self) -> Bus:
-        """The term's subscriptions, on a connection of their own: closing it ends them, so a
-        standby takes no events away from the active instance's durable consumers."""
-        term_bus = await Bus.connect(
+    async def _connect(self) -> Bus:
+        return await Bus.connect(
             self.settings.nats_url, "unicron/planner", access=self.settings.nats_access
         )
-        try:
-            await term_bus.consume(ALL_EVENTS, DURABLE, parse_event, self.on_event)
-            await term_bus.consume(
-                STEPS_SUBJECT, "planner-steps", WORKER_REPORT.validate_json,
-                self.feedback.on_report, deliver_new=True,
-            )  # fmt: skip
-            await term_bus.consume(
-                STEP_BATCHES_SUBJECT, "planner-step-batches", StepsCompleted.model_validate_json,
-                self.feedback.on_steps, deliver_new=True,
-            )  # fmt: skip
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await term_bus.close()
-            raise
-        return term_bus
+
+    async def _subscribe(self, term_bus: Bus) -> None:
+        await term_bus.consume(ALL_EVENTS, DURABLE, parse_event, self.on_event)
+        await term_bus.consume(
+            STEPS_SUBJECT, "planner-steps", WORKER_REPORT.validate_json,
+            self.feedback.on_report, deliver_new=True,
+        )  # fmt: skip
+        await term_bus.consume(
+            STEP_BATCHES_SUBJECT, "planner-step-batches", StepsCompleted.model_validate_json,
+            self.feedback.on_steps, deliver_new=True,
+        )  # fmt: skip
 
     async def _tick(self) -> None:
         outage = Outage("calibration update", component="planner")
