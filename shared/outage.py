@@ -16,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
 import redis.exceptions
 from unicron.shared.logging import get_logger
+
+T = TypeVar("T")
 
 # What a client raises while its server is down or unreachable; a JetStream request times out
 # or finds no responder while the server restarts, and a stream that lost its leader with a
@@ -121,3 +124,18 @@ class Outage:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), wait)
+
+    async def through(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt`` until it succeeds, waiting out outages with back-off; any other error
+        is raised at once."""
+        while True:
+            try:
+                result = await attempt()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                self.failed(exc)
+                await self.pause()
+                continue
+            self.ok()
+            return result

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from unicron.services.detector.signals import Candidate, root_cause
-from unicron.shared.outage import Outage, is_outage
+from unicron.shared.outage import Outage
 from unicron.shared.tasks import cancel_and_wait
 
 # Records the root cause; False when it was dismissed as no fault at all, so that later reports
@@ -65,16 +65,7 @@ class Correlator:
         await asyncio.sleep(self.window_s)
         await self._held(key)
         # No report is left to retry this one: it waits out an outage itself.
-        outage = Outage("failure record", component="detector")
-        while True:
-            try:
-                await self._flush(key)
-                return
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                outage.failed(exc)
-            await outage.pause()
+        await Outage("failure record", component="detector").through(lambda: self._flush(key))
 
     async def _held(self, key: _Key) -> None:
         """Wait as long as ``hold`` asks, asking again after each new report of the fault."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -37,7 +38,7 @@ from unicron.shared.bus.streams import ALL_EVENTS, EVENTS_STREAM, STREAMS
 from unicron.shared.bus.streamsetup import NOT_READY, ensure_streams
 from unicron.shared.contracts.events import CloudEvent
 from unicron.shared.logging import get_logger
-from unicron.shared.outage import Outage, is_outage
+from unicron.shared.outage import Outage
 
 __all__ = ["STREAMS", "Bus", "parse_event"]
 log = get_logger(component="bus")
@@ -240,21 +241,14 @@ class Bus(EventBus):
         # consumer's info and create requests time out for seconds: a service (re)started
         # then waits them out instead of exiting.
         outage = Outage("consumer bind", component="bus", durable=durable)
-        while True:
-            try:
-                # Named: nats-py then creates it by CONSUMER.CREATE.<stream>.<name>.<filter>,
-                # whose filter the server checks against the user's grant (docs/design.md §11).
-                sub = await self.js.subscribe(
-                    subject, queue=durable, durable=durable, cb=delivery.receive,
-                    manual_ack=True, config=consumer_config(durable, deliver_new),
-                )  # fmt: skip
-                break
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                outage.failed(exc)
-                await outage.pause()
-        outage.ok()
+        # Named: nats-py then creates it by CONSUMER.CREATE.<stream>.<name>.<filter>, whose
+        # filter the server checks against the user's grant (docs/design.md §11).
+        config = consumer_config(durable, deliver_new)
+        subscribe = functools.partial(
+            self.js.subscribe, subject, queue=durable, durable=durable, cb=delivery.receive,
+            manual_ack=True, config=config,
+        )  # fmt: skip
+        sub = await outage.through(subscribe)
         lane = await self.nc.subscribe(lane_subject(subject), queue=durable, cb=delivery.by_lane)
         delivery.start()
         self._subs += [sub, lane]
