@@ -89,6 +89,8 @@ from unicron.trainer.runtime import directive_router
 from unicron.trainer.spare import _launch_of
 from unicron.trainer.worker import read_launch
 
+from tests.twins.jsmsg import RecordedMsg
+
 Decoder = Callable[[bytes], object]
 T = TypeVar("T")
 
@@ -376,27 +378,6 @@ class FakeJetStream:
         self.published.append((subject, payload))
 
 
-class FakeMsg:
-    def __init__(self, subject: str, data: bytes) -> None:
-        self.subject = subject
-        self.data = data
-        self.metadata = None
-        self.headers: dict[str, str] | None = None
-        self.outcomes: list[str] = []
-
-    async def ack(self) -> None:
-        self.outcomes.append("ack")
-
-    async def term(self) -> None:
-        self.outcomes.append("term")
-
-    async def nak(self, delay: float | None = None) -> None:
-        self.outcomes.append("nak")
-
-    async def in_progress(self) -> None:
-        self.outcomes.append("in_progress")
-
-
 CONSUMED: list[tuple[str, Decoder, list[dict[str, Any]]]] = [
     ("unicron.events.job.submitted", parse_event, as_json(list(EVENTS))),
     ("unicron.commands.agent.n1", AGENT_COMMAND.validate_json, as_json(COMMANDS)),
@@ -413,7 +394,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         loop.close()
 
 
-async def consume_one(subject: str, parse: Decoder, raw: bytes) -> tuple[FakeMsg, Any, list[Any]]:
+async def consume_one(
+    subject: str, parse: Decoder, raw: bytes
+) -> tuple[RecordedMsg, Any, list[Any]]:
     js = FakeJetStream()
 
     async def lane(*_: Any, **__: Any) -> SimpleNamespace:  # the fast lane: nothing comes
@@ -432,7 +415,7 @@ async def consume_one(subject: str, parse: Decoder, raw: bytes) -> tuple[FakeMsg
 
     await bus.consume(subject, "fuzz", parse, handler)
     assert js.cb is not None
-    msg = FakeMsg(subject, raw)
+    msg = RecordedMsg(subject, raw)
     await js.cb(msg)  # queued: the consumer's task acks, terminates or hands it back
     async with asyncio.timeout(5):
         while not msg.outcomes:  # noqa: ASYNC110 (the fake message has no event to wait on)

@@ -213,6 +213,14 @@ async def test_a_service_started_during_a_leader_election_waits_it_out(
         await service.close()
 
 
+async def beside_events_leader(cluster: list[EmbeddedServer]) -> tuple[EmbeddedServer, str]:
+    """The events stream's leader (to kill), and the URL of the other servers (to connect to)."""
+    probe = await Bus.connect(cluster_url(cluster), "unicron/test-probe", 20, replicas=3)
+    victim = await events_leader(probe, cluster)
+    await probe.close()
+    return victim, ",".join(s.url for s in cluster if s is not victim)
+
+
 async def lane_open(publisher: Bus, warm_seen: asyncio.Event) -> None:
     """Until the consumer's interest in the lane has reached the publisher's server (routes
     share it a moment after the subscription): a lane copy sent before then reaches nobody."""
@@ -232,10 +240,7 @@ async def test_an_event_published_while_its_stream_elects_a_leader_comes_by_the_
     """The stream cannot store an event until its new leader is elected (seconds); its copy on
     the fast lane reaches the consumer meanwhile, the publish waits the election out, and the
     stored copy is not handled again."""
-    probe = await Bus.connect(cluster_url(cluster), "unicron/test-probe", 20, replicas=3)
-    victim = await events_leader(probe, cluster)
-    await probe.close()
-    others = ",".join(s.url for s in cluster if s is not victim)
+    victim, others = await beside_events_leader(cluster)
     consumer = await Bus.connect(others, "unicron/test-consumer", 20, replicas=3)
     publisher = await Bus.connect(others, "unicron/test-publisher", 20, replicas=3)
     handled: asyncio.Queue[str] = asyncio.Queue()

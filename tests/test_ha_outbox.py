@@ -11,9 +11,8 @@ from unicron.shared.bus.streams import ALL_EVENTS
 from unicron.shared.contracts.events import JobStateChanged
 from unicron.shared.contracts.lifecycle import JobState
 from unicron.shared.servers.embedded import EmbeddedServer
-from unicron.shared.servers.natscluster import cluster_url
 
-from tests.test_ha_nats import cluster, events_leader, lane_open
+from tests.test_ha_nats import beside_events_leader, cluster, lane_open
 
 __all__ = ["cluster"]  # the fixture
 
@@ -27,10 +26,7 @@ def changed(index: int) -> JobStateChanged:
 async def test_messages_queued_behind_a_stalled_store_come_by_the_lane_in_order(
     cluster: list[EmbeddedServer],
 ) -> None:
-    probe = await Bus.connect(cluster_url(cluster), "unicron/test-probe", 20, replicas=3)
-    victim = await events_leader(probe, cluster)
-    await probe.close()
-    others = ",".join(s.url for s in cluster if s is not victim)
+    victim, others = await beside_events_leader(cluster)
     consumer = await Bus.connect(others, "unicron/test-consumer", 20, replicas=3)
     agent_bus = await Bus.connect(others, "unicron/agent", 20, replicas=3)
     outbox = Outbox(agent_bus)

@@ -6,28 +6,15 @@ from __future__ import annotations
 from typing import Any, cast
 
 from unicron.shared.bus.delivery import Delivery
-from unicron.shared.bus.lane import MSG_ID, LaneMsg
+from unicron.shared.bus.lane import LaneMsg
 from unicron.shared.outage import Outage
 
+from tests.twins.jsmsg import RecordedMsg
 
-class StoredMsg:
-    """A JetStream message as a delivery reads it, recording what became of it."""
 
-    def __init__(self, msg_id: str, data: bytes = b"x") -> None:
-        self.subject = "unicron.events.job.submitted"
-        self.data = data
-        self.headers = {MSG_ID: msg_id}
-        self.metadata = None
-        self.outcomes: list[str] = []
-
-    async def ack(self) -> None:
-        self.outcomes.append("ack")
-
-    async def term(self) -> None:
-        self.outcomes.append("term")
-
-    async def nak(self, delay: float | None = None) -> None:
-        self.outcomes.append("nak")
+def StoredMsg(msg_id: str, data: bytes = b"x") -> RecordedMsg:
+    """A JetStream message of the events stream with its id."""
+    return RecordedMsg("unicron.events.job.submitted", data, msg_id)
 
 
 def lane_copy(msg: StoredMsg) -> LaneMsg:
