@@ -31,3 +31,17 @@ async def test_a_cancelled_update_loop_stops_wherever_the_cancel_lands(state: St
         done, _ = await asyncio.wait({task}, timeout=2.0)
         assert task in done, "a cancelled update loop kept running"
         assert task.cancelled()
+
+
+async def test_the_nodes_of_a_wide_job_are_read_at_once_past_the_clients_pool(
+    state: StateStore,
+) -> None:
+    """The records of more nodes than the client has connections (100): one read, the missing
+    ones left out. A GET each, gathered, ran out of connections at 2,048 nodes and cost the
+    executor its lease."""
+    wanted = [f"wide-{i}" for i in range(250)]
+    for node_id in wanted[:249]:
+        await state.put_node(NodeRecord(id=node_id, slots=8))
+    found = await state.get_nodes([*wanted, *wanted])
+    assert [n.id for n in found] == sorted(wanted[:249])
+    assert await state.get_nodes([]) == []

@@ -92,8 +92,9 @@ class FastPath:
         )
         if job is None or plan is None or plan.epoch < epoch:
             return False  # no standing plan of the current term to act within
-        found = await asyncio.gather(*(self.state.get_node(n) for n in set(rank_nodes(job))))
-        nodes = {n.id: n for n in found if n is not None}
+        # One read: a GET per node of an 8,192-rank job took a connection each, past the
+        # client's pool of 100, and the executor lost its lease (bench/scale.py, 2,048 nodes).
+        nodes = {n.id: n for n in await self.state.get_nodes(rank_nodes(job))}
         alloc = standing_allocation(failure, job, plan, nodes)
         if alloc is None:
             return False

@@ -7,6 +7,7 @@ Redis client underneath. A protocol: the two stores share no code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from unicron.shared.contracts.models import Job, JobSummary, NodeRecord
@@ -52,6 +53,8 @@ class JobStore(Protocol):
     async def get_node(self, node_id: str) -> NodeRecord | None: ...
 
     async def list_nodes(self) -> list[NodeRecord]: ...
+
+    async def get_nodes(self, node_ids: Iterable[str]) -> list[NodeRecord]: ...
 
     async def heard_before(self, at: float) -> list[tuple[str, float]]: ...
 

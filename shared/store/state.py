@@ -7,18 +7,17 @@ their retention once finished (:mod:`unicron.shared.store.jobindex`); nodes by t
 heartbeat, in the same transaction as each write of a node, so the detector finds the silent
 ones with one range read instead of reading every node.
 
-With Sentinels configured (``UNICRON_REDIS_SENTINELS``), the store talks to whichever server is
-primary (:mod:`unicron.shared.store.sentinel`) and a failover is an outage of a second or two that
-the services' retries ride out. Nothing the store reported as written is lost in it: every write
-returns only once the replica has it (``WAIT``, :mod:`unicron.shared.store.replicated`), in one
-place, the client, so records, indexes, guards, plans, counters and leases are all covered. That is
-chosen over re-deriving lost writes because most are not re-derivable without a full rebuild: the
-``once`` guards, the fencing epochs and the plan sequence would silently go backwards. Without
-Sentinels (one server), writes are as before: no replica, no ``WAIT``.
+With Sentinels (``UNICRON_REDIS_SENTINELS``) the store talks to whichever server is primary
+(:mod:`unicron.shared.store.sentinel`); a failover is an outage of a second or two that the
+services' retries ride out, and loses nothing the store reported written: every write returns
+once the replica has it (``WAIT`` in the client, :mod:`unicron.shared.store.replicated`), as
+re-deriving lost writes is not possible without a rebuild (the ``once`` guards, fencing epochs
+and plan sequence would go backwards). With one server: no replica, no ``WAIT``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -53,13 +52,10 @@ return value
 
 class StateStore(RedisRecords):
     def __init__(
-        self,
-        client: aioredis.Redis,
-        prefix: str = "unicron:",
-        job_retention_s: float = JOB_RETENTION_S,
+        self, client: aioredis.Redis, prefix: str = "unicron:", retention_s: float = JOB_RETENTION_S
     ) -> None:
         super().__init__(client, prefix)
-        self.job_retention_s = job_retention_s
+        self.job_retention_s = retention_s
         self._append_job = client.register_script(APPEND_JOB_SCRIPT)
         self._forget_gone = client.register_script(FORGET_GONE_SCRIPT)
         self.calibration = CalibrationTables(client)  # the planner's, exported by the API
@@ -79,7 +75,7 @@ class StateStore(RedisRecords):
             client = await connect_redis(url, connect_timeout_s)
         else:
             client = await connect_sentinel(url, sentinel, connect_timeout_s)
-        return cls(client, job_retention_s=job_retention_s)
+        return cls(client, retention_s=job_retention_s)
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -205,7 +201,11 @@ class StateStore(RedisRecords):
         return await self._get(self._key("node", node_id), NodeRecord)
 
     async def list_nodes(self) -> list[NodeRecord]:
-        ids = sorted(str(i) for i in await self.redis.smembers(self._key("nodes")))
+        return await self.get_nodes(str(i) for i in await self.redis.smembers(self._key("nodes")))
+
+    async def get_nodes(self, node_ids: Iterable[str]) -> list[NodeRecord]:
+        """The records of ``node_ids`` that exist, in one read whatever their number."""
+        ids = sorted(set(node_ids))
         if not ids:
             return []
         raws = await self.redis.mget([self._key("node", i) for i in ids])

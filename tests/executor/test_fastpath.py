@@ -10,7 +10,7 @@ from unicron.services.executor.service import Executor
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import FailureDetected, TransitionStarted
 from unicron.shared.contracts.messages import RegroupWorker, StartWorker
-from unicron.shared.contracts.models import Job, JobState, NodeState, PlanAction
+from unicron.shared.contracts.models import Job, JobState, NodeRecord, NodeState, PlanAction
 from unicron.shared.contracts.plans import JobAllocation, Plan
 from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
 from unicron.shared.store.state import StateStore
@@ -132,3 +132,19 @@ async def test_a_failure_that_needs_a_reconfiguration_waits_for_the_planner(
     job, _ = await failed_on_a_standing_plan(state)
     ecc = detected(job, FailureCategory.ECC, 2, "n1")
     await assert_left_to_the_planner(executor, state, job, ecc)
+
+
+async def test_a_job_wider_than_the_redis_clients_pool_recovers_on_the_fast_path(
+    executor: Executor, state: StateStore, bus: Bus, events: Events
+) -> None:
+    """The fast path reads the nodes of the job in one go: a read per node, gathered, needed a
+    connection each, past redis-py's pool of 100, and never went through."""
+    wide = [f"w{i:03d}" for i in range(150)]
+    for node_id in wide:
+        await state.put_node(NodeRecord(id=node_id, slots=1, store_port=42000))
+    job = await running_job(state, wide, job_id="job-wide")
+    await standing(state, job, nodes=wide)
+    await fail(state, job.id, "restart", rank=7, dead=(7,))
+    await bus.publish_event(detected(job, FailureCategory.EXITED_ABNORMALLY, 7, "w007"))
+    started = await events.next(TransitionStarted, job_id=job.id, generation=2)
+    assert started.plan_id == f"fast-{job.id}:1"

@@ -12,6 +12,7 @@ is atomic because nothing awaits between its read and its write. Several stores 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -210,7 +211,10 @@ class MemoryStore:
         return self._get(self._key("node", node_id), NodeRecord)
 
     async def list_nodes(self) -> list[NodeRecord]:
-        ids = sorted(self.keys.zset(self._key("nodes")))
+        return await self.get_nodes(self.keys.zset(self._key("nodes")))
+
+    async def get_nodes(self, node_ids: Iterable[str]) -> list[NodeRecord]:
+        ids = sorted(set(node_ids))
         raws: list[str | bytes | None] = [self.keys.get(self._key("node", i)) for i in ids]
         return parse_each(NodeRecord, "node", ids, raws)
 
