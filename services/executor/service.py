@@ -24,6 +24,7 @@ from unicron.services.executor.fastpath import FastPath
 from unicron.services.executor.progress import ProgressTracker
 from unicron.services.executor.rebuild import Rebuilder
 from unicron.services.executor.settings import ExecutorSettings
+from unicron.services.executor.survivors import rank_nodes
 from unicron.services.executor.transitions import TransitionRunner
 from unicron.shared.bus.bus import Bus, parse_event
 from unicron.shared.bus.streams import ALL_REPORTS
@@ -100,7 +101,7 @@ class Executor:
         if job is None:
             return
         log.warning("workers not started; asking agents again", job_id=job.id)
-        nodes = await self.state.list_nodes()
+        nodes = await self.state.get_nodes(rank_nodes(job))  # the job's, not the cluster's
         await send_starts(self.bus, job, {n.id: n for n in nodes})
 
     async def loop(self, stop: asyncio.Event) -> None:
