@@ -74,7 +74,6 @@ class Outbox:
         self._put(_Item(event_message(self.bus.wrap(data)), False))
 
     def dead_letter(self, subject: str, payload: bytes, reason: str) -> None:
-        log.warning("message dead-lettered", subject=subject, reason=reason)
         self._put(_Item(self.bus.dead_letter_message(subject, payload, reason, 1), False))
 
     def _put(self, item: _Item) -> None:

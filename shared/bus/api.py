@@ -105,6 +105,8 @@ class EventBus(ABC):
     def dead_letter_message(
         self, subject: str, payload: bytes, reason: str, deliveries: int
     ) -> Outgoing:
+        """The dead letter of a message (logged now: it is made once, however often sent)."""
+        log.warning("message dead-lettered", subject=subject, reason=reason)
         letter = DeadLetter(
             subject=subject,
             reason=reason,
@@ -115,7 +117,6 @@ class EventBus(ABC):
         return Outgoing(DEADLETTER_SUBJECT, letter.model_dump_json().encode(), what="dead_letter")
 
     async def dead_letter(self, subject: str, payload: bytes, reason: str, deliveries: int) -> None:
-        log.warning("message dead-lettered", subject=subject, reason=reason)
         await self.send(self.dead_letter_message(subject, payload, reason, deliveries))
 
     # --- request/reply, objects and stored messages ----------------------------------------
