@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any, cast
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 from unicron.shared.bus.bus import Bus, parse_event
 from unicron.shared.bus.delivery import REDELIVERY_S, ClaimRefusedError
 from unicron.shared.bus.streams import COMMANDS_STREAM
@@ -185,3 +187,31 @@ async def test_more_agents_than_a_streams_default_consumer_limit_get_their_consu
         ))  # fmt: skip
     info = await bus.js.stream_info(COMMANDS_STREAM)
     assert info.state.consumer_count == 1_001
+
+
+class ElectingJetStream:
+    """JetStream as a cluster just started answers: 503 until it has a meta leader, then "not
+    found" until the API created the streams."""
+
+    def __init__(self) -> None:
+        self.answers: list[type[Exception] | None] = [ServiceUnavailableError, NotFoundError]
+
+    async def stream_info(self, name: str) -> object:
+        answer = self.answers[0]
+        if answer is not None:
+            raise answer()
+        return name
+
+
+async def test_a_service_that_waits_for_the_streams_waits_out_a_cluster_without_a_leader() -> None:
+    """An agent started beside a cluster that is still electing its leader (CI's `unicron up
+    --ha` on a loaded machine) waits, instead of exiting with a traceback."""
+    js = ElectingJetStream()
+    bus = Bus(cast(Any, None), cast(Any, js), "unicron/test")
+    waiting = asyncio.create_task(bus.await_streams(timeout_s=10))
+    for answer in (NotFoundError, None):  # each replaces the last once it has been seen
+        await asyncio.sleep(0.6)
+        assert not waiting.done()
+        js.answers = [answer]
+    await asyncio.wait_for(waiting, 5)
+    assert not bus.link_outage.down

@@ -124,12 +124,17 @@ class Bus(EventBus):
         await ensure_streams(self.js, self.replicas)
 
     async def await_streams(self, timeout_s: float) -> None:
-        """Wait until the stream manager (the API) has created every stream."""
+        """Wait until the stream manager (the API) has created every stream. A cluster still
+        electing its JetStream leader answers with errors, not "not found": waited out too."""
         deadline = time.monotonic() + timeout_s
         missing, told = list(STREAMS), False
         while True:
-            found = await asyncio.gather(*(self._has_stream(name) for name in missing))
-            missing = [name for name, ok in zip(missing, found, strict=True) if not ok]
+            try:
+                found = await asyncio.gather(*(self._has_stream(name) for name in missing))
+                missing = [name for name, ok in zip(missing, found, strict=True) if not ok]
+                self.link_outage.ok()
+            except NOT_READY as exc:
+                self.link_outage.failed(exc)
             if not missing:
                 return
             if time.monotonic() >= deadline:
