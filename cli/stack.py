@@ -18,7 +18,6 @@ import functools
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from unicron.cli.children import Child
 from unicron.cli.restarts import RestartBackoff
 from unicron.shared.bus.natslogin import NatsAccess
 from unicron.shared.contracts.roles import ServiceRole, ServiceUser, stack_users
 from unicron.shared.logging import get_logger
-from unicron.shared.procs import die_with_parent
 from unicron.shared.servers.credentials import StackLogins, load_or_create
 from unicron.shared.servers.embedded import (
     EmbeddedServer,
@@ -68,14 +67,6 @@ class StackConfig:
     # one agent's own additions, by node id (the GPU suite gives each its own NCCL_HOSTID)
     node_env: dict[str, dict[str, str]] = field(default_factory=dict)
     ha: bool = False  # a NATS cluster and a Redis with a replica and Sentinels
-
-
-@dataclass
-class Child:
-    name: str
-    module: str
-    env: dict[str, str]
-    process: subprocess.Popen[bytes] | None = None
 
 
 class Stack:
@@ -184,14 +175,7 @@ class Stack:
         self.spawn(child)
 
     def spawn(self, child: Child) -> None:
-        with (self.data_dir / "logs" / f"{child.name}.log").open("ab") as log:
-            child.process = subprocess.Popen(
-                [sys.executable, "-m", child.module],
-                env=child.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
-            )
+        child.spawn(self.data_dir / "logs")
 
     def wait_ready(self, timeout_s: float) -> None:
         """Wait until the API answers /readyz and every agent's node is registered."""
@@ -228,11 +212,8 @@ class Stack:
 
     def check_alive(self) -> None:
         for child in self.children.values():
-            if child.process is not None and child.process.poll() is not None:
-                raise RuntimeError(
-                    f"{child.name} exited with {child.process.returncode}; "
-                    f"see {self.data_dir / 'logs' / (child.name + '.log')}"
-                )
+            if child.exited() is not None:
+                raise RuntimeError(child.died(self.data_dir / "logs"))
 
     def restart_exited(self, backoff: bool = False) -> list[str]:
         """Start again every server, then every child, that exited; returns their names.
