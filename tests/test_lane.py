@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from unicron.shared.bus.delivery import Delivery
-from unicron.shared.bus.lane import LaneMsg
+from unicron.shared.bus.lane import LaneGap, LaneMsg
 from unicron.shared.outage import Outage
 
 from tests.twins.jsmsg import RecordedMsg
@@ -82,3 +82,59 @@ async def test_a_lane_copy_that_does_not_parse_is_not_dead_lettered() -> None:
     stored = StoredMsg("m-1")
     await consumer.on_messages([cast(Any, stored)])  # the stored copy is judged
     assert len(letters) == 1 and stored.outcomes == ["term"]
+
+
+def failing_once(handled: list[bytes], bad: bytes) -> Delivery[bytes]:
+    """A delivery whose handler fails the first time it gets ``bad``."""
+    failed: list[bytes] = []
+
+    async def handler(item: bytes) -> None:
+        if item == bad and not failed:
+            failed.append(item)
+            raise RuntimeError("a claim not yet true, once")
+        handled.append(item)
+
+    async def dead_letter(subject: str, payload: bytes, reason: str, deliveries: int) -> None:
+        raise AssertionError(reason)
+
+    parse: Any = bytes
+    return Delivery(parse, handler, None, dead_letter, Outage("t"), lambda: None)
+
+
+async def test_a_lane_copy_not_handled_is_not_overtaken_by_the_next_ones() -> None:
+    """A rank's last step whose lane copy failed must still be applied before its exit, which
+    comes next on the lane: the lane shuts until the step's stream copy is settled."""
+    handled: list[bytes] = []
+    consumer = failing_once(handled, b"last step")
+    step, exit_ = StoredMsg("m-step", b"last step"), StoredMsg("m-exit", b"exit")
+    await consumer.on_messages([lane_copy(step)])
+    await consumer.on_messages([lane_copy(exit_)])  # passed over: its stream copy follows
+    assert handled == []
+    await consumer.on_messages([cast(Any, step)])
+    await consumer.on_messages([cast(Any, exit_)])
+    assert handled == [b"last step", b"exit"]
+    assert step.outcomes == ["ack"] and exit_.outcomes == ["ack"]
+    later = StoredMsg("m-later", b"later")  # both settled: the lane is open again
+    await consumer.on_messages([lane_copy(later)])
+    assert handled[-1] == b"later"
+
+
+async def test_in_a_batch_the_lane_copies_after_one_not_handled_wait_for_the_stream() -> None:
+    handled: list[bytes] = []
+    consumer = failing_once(handled, b"last step")
+    step, exit_ = StoredMsg("m-step", b"last step"), StoredMsg("m-exit", b"exit")
+    await consumer.on_messages([lane_copy(step), lane_copy(exit_)])
+    assert handled == []
+    await consumer.on_messages([cast(Any, step), cast(Any, exit_)])
+    assert handled == [b"last step", b"exit"]
+
+
+async def test_a_gap_whose_stream_copy_never_comes_opens_the_lane_again() -> None:
+    now = [0.0]
+    gap = LaneGap(hold_s=30.0, clock=lambda: now[0])
+    gap.open("m-1")
+    assert gap.shut()
+    now[0] = 29.0
+    assert gap.shut()
+    now[0] = 30.5
+    assert not gap.shut()

@@ -21,7 +21,9 @@ so only a message that fails alone is retried or dead-lettered.
 
 A message may come twice: from the stream and from the fast lane (:mod:`unicron.shared.bus.lane`).
 Whichever copy comes first is handled; the other is skipped by the message's id, and a lane
-copy is never acknowledged, handed back or dead-lettered: its stream copy is the record.
+copy is never acknowledged, handed back or dead-lettered: its stream copy is the record. A lane
+copy not handled shuts the lane until its stream copy is settled (:class:`LaneGap`), so that no
+later message overtakes it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Generic, TypeVar
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
-from unicron.shared.bus.lane import Handled, LaneMsg, is_lane, message_id
+from unicron.shared.bus.lane import Handled, LaneGap, LaneMsg, is_lane, message_id
 from unicron.shared.logging import get_logger
 from unicron.shared.outage import Outage, is_outage
 from unicron.shared.tasks import cancel_and_wait
@@ -93,6 +95,7 @@ class Delivery(Generic[T]):
     _held: dict[int, Received] = field(default_factory=dict)  # by id: received, not finished
     _queue: asyncio.Queue[Received] = field(default_factory=asyncio.Queue)
     _handled: Handled = field(default_factory=Handled)
+    _gap: LaneGap = field(default_factory=LaneGap)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def start(self) -> None:
@@ -132,7 +135,12 @@ class Delivery(Generic[T]):
                     await msg.in_progress()
 
     async def on_messages(self, msgs: list[Received]) -> None:
-        admitted = [one for msg in await self._unseen(msgs) if (one := await self._admit(msg))]
+        admitted = []
+        for msg in await self._unseen(msgs):
+            if self._lane_shut(msg):
+                continue
+            if one := await self._admit(msg):
+                admitted.append(one)
         if len(admitted) > 1 and self.batch is not None:
             batch = self.batch
             try:
@@ -164,9 +172,22 @@ class Delivery(Generic[T]):
                 fresh.append(msg)
         return fresh
 
+    def _lane_shut(self, msg: Received) -> bool:
+        """Whether ``msg`` is a lane copy to pass over (it then keeps the lane shut too)."""
+        if not is_lane(msg) or not self._gap.shut():
+            return False
+        self._not_handled(msg, "the lane is shut until a stream copy before it is settled")
+        return True
+
     async def _done(self, msg: Received) -> None:
         await msg.ack()
         self._handled.add(message_id(msg))
+        self._gap.settled(message_id(msg))
+
+    def _not_handled(self, msg: Received, why: object) -> None:
+        """A lane copy its stream copy will stand in for: the lane shuts until then."""
+        log.debug("lane copy not handled", subject=msg.subject, error=repr(why))
+        self._gap.open(message_id(msg))
 
     async def _admit(self, msg: Received) -> tuple[Received, T] | None:
         """The message and what it parsed to, if it parses and its claims hold; else it is
@@ -187,6 +208,8 @@ class Delivery(Generic[T]):
         return msg, item
 
     async def _handle(self, msg: Received, item: T) -> None:
+        if self._lane_shut(msg):  # one before it in this batch was not handled
+            return
         try:
             await self._through_outage(lambda: self.handler(item))
         except Exception as exc:
@@ -197,7 +220,7 @@ class Delivery(Generic[T]):
 
     async def _refuse_or_fail(self, msg: Received, exc: Exception) -> None:
         if is_lane(msg):  # its stream copy is refused, retried or dead-lettered instead
-            log.debug("lane copy not handled", subject=msg.subject, error=repr(exc))
+            self._not_handled(msg, exc)
             return
         if isinstance(exc, ClaimRefusedError):
             self.refused()
@@ -207,9 +230,11 @@ class Delivery(Generic[T]):
 
     async def _reject(self, msg: Received, reason: str) -> None:
         if is_lane(msg):
+            self._not_handled(msg, reason)
             return
         await self.dead_letter(msg.subject, msg.data, reason, _deliveries(msg))
         await msg.term()
+        self._gap.settled(message_id(msg))
 
     async def _failed(self, msg: Received, exc: Exception) -> None:
         deliveries = _deliveries(msg)

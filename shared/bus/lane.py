@@ -13,20 +13,27 @@ by the message's id (:class:`unicron.shared.bus.delivery.Delivery`).
 
 The stream stays the record: a lane copy is not acknowledged, retried or dead-lettered, and one
 that is lost (nobody subscribed yet, a reconnect) or whose handler failed is simply handled
-again from the stream. The lane is granted per user exactly as the stream subjects are
+again from the stream. Order falls back to the stream's then: once a lane copy was not handled,
+later lane copies are passed over until the stream copy of that one is settled (a
+:class:`LaneGap`), or a rank's exit could overtake its last step and a finished job keep the
+step before it. The lane is granted per user exactly as the stream subjects are
 (:mod:`unicron.shared.bus.natsauth`), so it carries nobody's messages but the sender's own.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
 LANE_PREFIX = "lane."
 MSG_ID = "Nats-Msg-Id"
 REMEMBERED = 16_384  # ids a delivery keeps of messages it handled, oldest forgotten first
+# How long a gap may hold the lane shut: past the stream copy's redeliveries and dead letter.
+LANE_GAP_S = 30.0
 
 
 def lane_subject(subject: str) -> str:
@@ -90,3 +97,28 @@ class Handled:
         self._ids.move_to_end(msg_id)
         while len(self._ids) > self.size:
             self._ids.popitem(last=False)
+
+
+@dataclass
+class LaneGap:
+    """The messages whose lane copy was not handled and whose stream copy is not yet settled
+    (acknowledged or dead-lettered): while there is one, the lane is shut and messages come in
+    the stream's order. A gap whose stream copy never comes closes after ``hold_s``."""
+
+    hold_s: float = LANE_GAP_S
+    clock: Callable[[], float] = time.monotonic
+    _open: dict[str, float] = field(default_factory=dict)  # id: when the gap closes anyway
+
+    def open(self, msg_id: str | None) -> None:
+        if msg_id is not None:
+            self._open.setdefault(msg_id, self.clock() + self.hold_s)
+
+    def settled(self, msg_id: str | None) -> None:
+        self._open.pop(msg_id or "", None)
+
+    def shut(self) -> bool:
+        """Whether a lane copy is to be passed over now."""
+        now = self.clock()
+        for msg_id in [m for m, until in self._open.items() if until <= now]:
+            del self._open[msg_id]
+        return bool(self._open)
