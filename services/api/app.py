@@ -27,6 +27,7 @@ from unicron.services.api.routes import (
     nodes,
     packages,
     plans,
+    ui,
 )
 from unicron.services.api.settings import ApiSettings
 from unicron.shared.bus.bus import Bus
@@ -87,6 +88,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             module.router, dependencies=[Depends(authenticate)], responses=errors.errors(401, 503)
         )
     app.include_router(health.router)  # probes and scrapers carry no token
+    app.include_router(ui.router)  # the page is public; the /v1 data it reads is not
     app.add_exception_handler(RequestValidationError, errors.validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.http_error)
     unavailable.install(app)  # Redis or NATS away: 503 + Retry-After, not 500
