@@ -43,6 +43,16 @@ class ModelConfig(BaseModel):
 
 PACKAGE_SCHEME = "pkg://"
 PACKAGE_REF = re.compile(r"^pkg://([0-9a-f]{64})$")
+
+
+class PackageStored(BaseModel):
+    """An uploaded package: its sha256, size, and the ``working_dir`` a job names it by."""
+
+    sha256: str
+    size: int
+    working_dir: str
+
+
 # Variables the agent sets for every worker: a job's env must not override them.
 RESERVED_ENV = frozenset(
     {

@@ -154,6 +154,18 @@ class FaultSpec(Message):
         return data
 
 
+class FaultAccepted(BaseModel):
+    """The answer to an accepted fault: where it went; the detector reports what it caused."""
+
+    fault_id: str
+    job_id: str
+    generation: int
+    rank: int
+    node_id: str
+    kind: FaultKind
+    at_step: int | None
+
+
 class InjectFault(JobRank, Message):
     """Deliver ``fault`` to one worker through its agent's local channel."""
 

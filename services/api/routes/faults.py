@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel
 from unicron.services.api.access import AdminPrincipal
 from unicron.services.api.deps import BusDep, StateDep
 from unicron.services.api.errors import errors
-from unicron.shared.contracts.messages import FaultKind, FaultSpec, InjectFault
+from unicron.shared.contracts.messages import FaultAccepted, FaultSpec, InjectFault
 from unicron.shared.contracts.models import Job, JobState, WorkerRecord, WorkerState, new_id
 from unicron.shared.logging import get_logger
 
@@ -26,18 +25,6 @@ INJECTABLE = (JobState.RUNNING, JobState.RECOVERING)
 # Long enough for an ``at_step`` fault to fire in a slow generation; the mark names one
 # generation, so a later real fault of the job is counted again.
 DRILL_MARK_TTL_S = 24 * 3600
-
-
-class FaultAccepted(BaseModel):
-    """The answer to an accepted fault: where it went; the detector reports what it caused."""
-
-    fault_id: str
-    job_id: str
-    generation: int
-    rank: int
-    node_id: str
-    kind: FaultKind
-    at_step: int | None
 
 
 def _bad_rank(message: str) -> RequestValidationError:

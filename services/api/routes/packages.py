@@ -14,24 +14,17 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
-from pydantic import BaseModel
 from unicron.services.api.access import Principal
 from unicron.services.api.deps import BusDep
 from unicron.services.api.errors import errors
 from unicron.shared.bus.packages import MAX_PACKAGE_BYTES
-from unicron.shared.contracts.jobspec import PACKAGE_SCHEME
+from unicron.shared.contracts.jobspec import PACKAGE_SCHEME, PackageStored
 from unicron.shared.logging import get_logger
 
 router = APIRouter(prefix="/v1/packages", tags=["packages"])
 log = get_logger(component="api.packages")
 _GZIP_MAGIC = b"\x1f\x8b"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class PackageStored(BaseModel):
-    sha256: str
-    size: int
-    working_dir: str
 
 
 def _too_large() -> HTTPException:
