@@ -2,10 +2,51 @@
 
 A training script imports only this package: :mod:`unicron.train` is the training API that
 gives a user's own model, optimizer, loss and dataset in-band failure reports, in-place
-regroup and exact partial-step reuse. The rest of the product lives in folders of the
-repository that the build maps into this package (pyproject.toml, ``package-dir``): the folder
+regroup and exact partial-step reuse. :class:`Client` and :class:`AsyncClient`
+(:mod:`unicron.client`) drive a cluster through its REST API: submit, get, list, cancel, wait,
+logs and events, with answers as the models of ``unicron.shared.contracts`` and errors as
+:mod:`unicron.errors` exceptions. The rest of the product lives in folders of the repository
+that the build maps into this package (pyproject.toml, ``package-dir``): the folder
 ``shared/bus/bus.py`` is the module ``unicron.shared.bus.bus``, and none of them takes a
 top-level name in a user's environment. CONTRIBUTING.md maps the folders to their concepts.
 """
 
+from unicron.async_client import AsyncClient, Submission
+from unicron.client import Client
+from unicron.errors import (
+    ApiError,
+    ApiUnreachable,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    UnicronError,
+    WaitTimedOut,
+)
+from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.models import Job, JobSpec, JobState, JobSummary
+
 __version__ = "0.2.0"
+__all__ = [
+    "ApiError",
+    "ApiUnreachable",
+    "AsyncClient",
+    "Client",
+    "CloudEvent",
+    "Conflict",
+    "Forbidden",
+    "InvalidRequest",
+    "Job",
+    "JobSpec",
+    "JobState",
+    "JobSummary",
+    "NotFound",
+    "Submission",
+    "Unauthorized",
+    "Unavailable",
+    "UnicronError",
+    "WaitTimedOut",
+    "__version__",
+]
