@@ -14,9 +14,10 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
-from unicron.cli.client import DEFAULT_API_URL
-from unicron.cli.common import EXIT_REFUSED, ApiUrl, api, console, fail
+from unicron.cli.common import EXIT_REFUSED, ApiUrl, api, console, fail, json_output, print_json
 from unicron.shared.contracts.calibration import CalibrationRecord
+
+from unicron.async_client import DEFAULT_API_URL
 
 
 def calibration_table(record: CalibrationRecord) -> Table:
@@ -47,6 +48,9 @@ def calibration(
             out.write_text(record.model_dump_json(indent=2) + "\n")
         except OSError as exc:
             fail(f"cannot write {out}: {exc.strerror}", EXIT_REFUSED)
+    if json_output():
+        print_json(record)
+        return
     console().print(calibration_table(record))
     if out is not None:
         console().print(f"saved to {out}")

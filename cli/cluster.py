@@ -1,21 +1,34 @@
-"""Cluster commands: ``nodes`` and ``events``."""
+"""Cluster commands: ``nodes`` and ``events`` (JSON with ``unicron --output json``: the nodes as
+one list, the events one ``{"seq": N, "event": CloudEvent}`` object per line)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
-from unicron.cli.client import DEFAULT_API_URL, ApiUnreachable
-from unicron.cli.common import EXIT_UNAVAILABLE, ApiUrl, api, console, fail
+from unicron.cli.common import (
+    EXIT_UNAVAILABLE,
+    ApiUrl,
+    api,
+    console,
+    fail,
+    json_output,
+    print_json,
+)
 from unicron.cli.render import event_line, nodes_table
+
+from unicron.async_client import DEFAULT_API_URL
+from unicron.errors import ApiUnreachable
 
 
 def nodes(api_url: ApiUrl = DEFAULT_API_URL) -> None:
     """Show the cluster's nodes, their GPU slots and heartbeats."""
     with api(api_url) as client:
         found = client.nodes()
-    out = console()
-    out.print(nodes_table(found) if found else "no nodes registered")
+    if json_output():
+        print_json(found)
+        return
+    console().print(nodes_table(found) if found else "no nodes registered")
 
 
 def events(
@@ -27,26 +40,21 @@ def events(
     ] = 0,
     api_url: ApiUrl = DEFAULT_API_URL,
 ) -> None:
-    """Print the stored event history; with --follow, then every new event until Ctrl-C."""
+    """Print the stored event history; with --follow, then every new event until Ctrl-C (a
+    dropped connection is resumed where it broke)."""
     out = console()
     last = since
     with api(api_url) as client:
         try:
-            for seq, event in client.events(since=since, follow=follow):
-                # soft_wrap: one event per line whatever the width, so it greps well
-                out.print(event_line(seq, event), soft_wrap=True)
+            for seq, event in client.sequenced_events(since=since, follow=follow):
+                if json_output():
+                    print_json({"seq": seq, "event": event}, lines=True)
+                else:  # soft_wrap: one event per line whatever the width, so it greps well
+                    out.print(event_line(seq, event), soft_wrap=True)
                 last = seq
         except KeyboardInterrupt:
             return
         except ApiUnreachable as exc:
             if last == since:  # nothing came through: the plain "cannot reach" message
                 raise
-            fail(
-                f"the event stream broke after #{last}: {exc}; resume with --since {last}",
-                EXIT_UNAVAILABLE,
-            )
-    if follow:  # a followed stream only ends when the server goes away
-        fail(
-            f"the API closed the event stream after #{last}; resume with --since {last}",
-            EXIT_UNAVAILABLE,
-        )
+            fail(f"{exc}; resume with --since {last}", EXIT_UNAVAILABLE)

@@ -6,21 +6,22 @@ the detector reports the failure it causes like any other (watch ``unicron event
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.text import Text
-from unicron.cli.client import DEFAULT_API_URL
-from unicron.cli.common import ApiUrl, api, console
-from unicron.shared.contracts.messages import FaultKind
+from unicron.cli.common import ApiUrl, api, console, json_output, print_json
+from unicron.shared.contracts.messages import FaultAccepted, FaultKind
+
+from unicron.async_client import DEFAULT_API_URL
 
 
-def describe(accepted: dict[str, Any]) -> Text:
-    when = f"step {accepted['at_step']}" if accepted.get("at_step") else "the next step"
+def describe(accepted: FaultAccepted) -> Text:
+    when = f"step {accepted.at_step}" if accepted.at_step else "the next step"
     return Text(
-        f"injected {accepted['kind']} into rank {accepted['rank']} of {accepted['job_id']} "
-        f"(generation {accepted['generation']}, node {accepted['node_id']}) at {when}\n"
-        f"fault id {accepted['fault_id']}; watch what it causes: unicron events --follow"
+        f"injected {accepted.kind.value} into rank {accepted.rank} of {accepted.job_id} "
+        f"(generation {accepted.generation}, node {accepted.node_id}) at {when}\n"
+        f"fault id {accepted.fault_id}; watch what it causes: unicron events --follow"
     )
 
 
@@ -46,4 +47,7 @@ def fault(
     spec = {"rank": rank, "kind": kind.value} | {k: v for k, v in options.items() if v is not None}
     with api(api_url) as client:
         accepted = client.inject_fault(job_id, spec)
-    console().print(describe(accepted))
+    if json_output():
+        print_json(accepted)
+    else:
+        console().print(describe(accepted))

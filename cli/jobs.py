@@ -1,7 +1,8 @@
 """Job commands: ``submit`` (from a YAML file and/or options, optionally followed), ``status``
 (all jobs, following the API's pages, or ``--limit``/``--state``) and ``cancel``. With
 ``--working-dir DIR`` the job runs its ``entrypoint`` from DIR, uploaded as a package first
-(:mod:`unicron.cli.packages`)."""
+(:mod:`unicron.cli.packages`). With ``unicron --output json`` each prints the job(s) as JSON;
+``submit --follow`` then waits for the job's end on the event stream and prints the ended job."""
 
 from __future__ import annotations
 
@@ -15,11 +16,22 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
-from unicron.cli.client import DEFAULT_API_URL, ApiClient
-from unicron.cli.common import EXIT_JOB_UNSUCCESSFUL, EXIT_REFUSED, ApiUrl, api, console, fail
+from unicron.cli.common import (
+    EXIT_JOB_UNSUCCESSFUL,
+    EXIT_REFUSED,
+    ApiUrl,
+    api,
+    console,
+    fail,
+    json_output,
+    print_json,
+)
 from unicron.cli.packages import check_script, pack
 from unicron.cli.render import history_line, job_detail, jobs_table, state_text
 from unicron.shared.contracts.models import Job, JobState
+
+from unicron.async_client import DEFAULT_API_URL, Submission
+from unicron.client import Client
 
 # Option name on the command line → JobSpec field.
 SPEC_OPTIONS = {
@@ -62,7 +74,12 @@ def build_spec(file: Path | None, options: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def follow(client: ApiClient, job: Job, out: Console, interval_s: float) -> int:
+def ended(job: Job) -> int:
+    """The exit code of a followed job that ended."""
+    return 0 if job.state == JobState.SUCCEEDED else EXIT_JOB_UNSUCCESSFUL
+
+
+def follow(client: Client, job: Job, out: Console, interval_s: float) -> int:
     """Show progress and state changes until the job ends; the exit code says how it ended."""
     shown = 0
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
@@ -77,9 +94,29 @@ def follow(client: ApiClient, job: Job, out: Console, interval_s: float) -> int:
             if job.state.terminal:
                 break
             time.sleep(interval_s)
-            job = client.job(job.id)
+            job = client.get(job.id)
     out.print(Text.assemble(f"{job.id} ended ", state_text(job.state), f" at step {job.step}"))
-    return 0 if job.state == JobState.SUCCEEDED else EXIT_JOB_UNSUCCESSFUL
+    return ended(job)
+
+
+def report(client: Client, submitted: Submission, follow_job: bool, interval_s: float) -> int:
+    """Show the submitted job (and with ``follow_job`` its way to the end); the exit code."""
+    job = submitted.job
+    if json_output():
+        if follow_job:
+            job = client.wait(job.id)
+        print_json(job)
+        return ended(job) if follow_job else 0
+    out = console()
+    note = " (already submitted with this idempotency key)" if submitted.replayed else ""
+    out.print(Text.assemble(f"{job.id} ", (job.name, "bold"), " ", state_text(job.state), note))
+    if not follow_job:
+        return 0
+    try:
+        return follow(client, job, out, interval_s)
+    except KeyboardInterrupt:
+        out.print(f"stopped following; the job goes on: unicron status {job.id}")
+        return 130
 
 
 def submit(
@@ -130,20 +167,11 @@ def submit(
             fail("--working-dir needs an entrypoint (--entrypoint or in FILE)", EXIT_REFUSED)
         check_script([str(a) for a in argv], working_dir)
         package = pack(working_dir)
-    out = console()
     with api(api_url) as client:
         if package is not None:
-            spec["working_dir"] = client.upload_package(package)
-        job, replayed = client.submit(spec, idempotency_key)
-        note = " (already submitted with this idempotency key)" if replayed else ""
-        out.print(Text.assemble(f"{job.id} ", (job.name, "bold"), " ", state_text(job.state), note))
-        if follow_job:
-            try:
-                code = follow(client, job, out, interval)
-            except KeyboardInterrupt:
-                out.print(f"stopped following; the job goes on: unicron status {job.id}")
-                code = 130
-            raise typer.Exit(code)
+            spec["working_dir"] = client.upload_package(package).working_dir
+        code = report(client, client.submission(spec, idempotency_key), follow_job, interval)
+    raise typer.Exit(code)
 
 
 def status(
@@ -162,10 +190,17 @@ def status(
     out = console()
     with api(api_url) as client:
         if job_id is not None:
-            out.print(job_detail(client.job(job_id)))
+            job = client.get(job_id)
+            if json_output():
+                print_json(job)
+            else:
+                out.print(job_detail(job))
             return
         # One more than shown, to tell whether the listing was cut.
-        jobs = client.jobs(state or (), None if limit is None else limit + 1)
+        jobs = client.list(state or (), None if limit is None else limit + 1)
+        if json_output():
+            print_json(jobs[:limit])
+            return
         out.print(jobs_table(jobs[:limit]) if jobs else "no jobs")
         if limit is not None and len(jobs) > limit:
             out.print(f"only the first {limit} jobs are shown; more with a higher --limit")
@@ -178,4 +213,7 @@ def cancel(
     """Cancel a job: its workers are stopped and it ends as CANCELLED."""
     with api(api_url) as client:
         job = client.cancel(job_id)
-    console().print(Text.assemble(f"{job.id} ", state_text(job.state)))
+    if json_output():
+        print_json(job)
+    else:
+        console().print(Text.assemble(f"{job.id} ", state_text(job.state)))

@@ -1,38 +1,31 @@
 """``unicron logs``: print one rank's output (stdout and stderr) as the API serves it.
 
 The text is written as it arrives, so ``--follow`` shows new lines while the worker runs and
-returns once it has exited and everything is printed (Ctrl-C stops it earlier).
+returns once it has exited and everything is printed (Ctrl-C stops it earlier). With
+``unicron --output json`` each line is a JSON object of its own (job, rank, generation, line).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from collections.abc import Iterable, Iterator
+from typing import Annotated
 
-import httpx
 import typer
-from unicron.cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
-from unicron.cli.common import ApiUrl, api
+from unicron.cli.common import ApiUrl, api, json_output, print_json
 from unicron.shared.contracts.logs import MAX_TAIL_LINES
 
-CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_S = 60.0  # without --follow the server sends the whole text at once
+from unicron.async_client import DEFAULT_API_URL
 
 
-def print_logs(client: ApiClient, job_id: str, params: dict[str, Any], follow: bool) -> None:
-    # a followed worker may print nothing for a long time: no read timeout then
-    timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=None if follow else READ_TIMEOUT_S)
-    path = f"/v1/jobs/{job_id}/logs"
-    try:
-        with client.http.stream("GET", path, params=params, timeout=timeout) as response:
-            if response.is_error:
-                response.read()
-                raise ApiError(response.status_code, error_message(response))
-            for text in response.iter_text():
-                sys.stdout.write(text)
-                sys.stdout.flush()
-    except httpx.TransportError as exc:
-        raise ApiUnreachable(f"cannot reach the Unicron API at {client.base_url}: {exc}") from exc
+def whole_lines(chunks: Iterable[str]) -> Iterator[str]:
+    """The lines of a text that arrives in chunks cut anywhere; the last one even unended."""
+    rest = ""
+    for chunk in chunks:
+        *lines, rest = (rest + chunk).split("\n")
+        yield from lines
+    if rest:
+        yield rest
 
 
 def logs(
@@ -53,11 +46,16 @@ def logs(
     api_url: ApiUrl = DEFAULT_API_URL,
 ) -> None:
     """Print a rank's output; with --follow, keep printing as it is written."""
-    params: dict[str, Any] = {"rank": rank, "tail": tail, "follow": str(follow).lower()}
-    if generation is not None:
-        params["generation"] = generation
     with api(api_url) as client:
+        chunks = client.logs(job_id, rank, generation, tail, follow)
         try:
-            print_logs(client, job_id, params, follow)
+            if json_output():
+                where = {"job_id": job_id, "rank": rank, "generation": generation}
+                for line in whole_lines(chunks):
+                    print_json(where | {"line": line}, lines=True)
+                return
+            for text in chunks:
+                sys.stdout.write(text)
+                sys.stdout.flush()
         except KeyboardInterrupt:
             raise typer.Exit(0) from None

@@ -13,29 +13,18 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-import httpx
 import typer
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from unicron.cli.client import DEFAULT_API_URL, ApiClient, ApiError, ApiUnreachable, error_message
-from unicron.cli.common import ApiUrl, api, console
+from unicron.cli.common import ApiUrl, api, console, json_output, print_json
 from unicron.cli.render import clock
 from unicron.planning.waiting import scaled
 from unicron.shared.contracts.plans import JobAllocation, JobExplanation, ParallelConfig, Plan
 
+from unicron.async_client import DEFAULT_API_URL
+
 QUIET_ACTIONS = ("keep", "wait")
-
-
-def fetch_plan(client: ApiClient, plan_id: str | None) -> Plan:
-    path = f"/v1/plans/{plan_id or 'latest'}"
-    try:
-        response = client.http.get(path)
-    except httpx.TransportError as exc:
-        raise ApiUnreachable(f"cannot reach the Unicron API at {client.base_url}: {exc}") from exc
-    if response.is_error:
-        raise ApiError(response.status_code, error_message(response))
-    return Plan.model_validate(response.json())
 
 
 def flops(value: float) -> str:
@@ -195,5 +184,8 @@ def plan(
 ) -> None:
     """Show the planner's latest plan (or PLAN_ID): who gets which GPUs, and why."""
     with api(api_url) as client:
-        found = fetch_plan(client, plan_id)
+        found = client.plan(plan_id)
+    if json_output():
+        print_json(found)
+        return
     console().print(render(found, explain))

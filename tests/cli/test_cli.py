@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 
 from typer.testing import CliRunner, Result
-from unicron.cli.client import ApiClient
 from unicron.cli.main import app
 from unicron.cli.render import event_line
 from unicron.shared.bus.bus import Bus
@@ -17,6 +16,7 @@ from unicron.shared.store.state import StateStore
 
 from tests.api.factories import moved
 from tests.api.live import eventually
+from unicron.client import Client
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
 
@@ -113,13 +113,13 @@ async def test_bad_input_exits_2_with_the_reason(
 async def test_status_lists_every_page_or_a_limit_and_filters_by_state(
     api_url: str, state: StateStore
 ) -> None:
-    with ApiClient(api_url) as client:
-        submitted = [client.submit({"name": f"j{i}"})[0].id for i in range(5)]
+    with Client(api_url) as client:
+        submitted = [client.submit({"name": f"j{i}"}).id for i in range(5)]
         client.cancel(submitted[1])
-        pages = [[job.id for job in page] for page in client.job_pages(page_limit=2)]
+        pages = [[job.id for job in page] for page in client.pages(page_limit=2)]
         assert pages == [submitted[:2], submitted[2:4], submitted[4:]]
-        assert [job.id for job in client.jobs()] == submitted
-        assert [job.id for job in client.jobs(limit=3)] == submitted[:3]
+        assert [job.id for job in client.list()] == submitted
+        assert [job.id for job in client.list(limit=3)] == submitted[:3]
 
     def rows(output: str) -> list[str]:
         return [line.split()[0] for line in output.splitlines() if line.strip().startswith("job-")]
@@ -180,8 +180,8 @@ async def test_submit_follow_shows_progress_until_the_job_ends(
 
 async def test_client_follows_the_event_stream_live(api_url: str, bus: Bus) -> None:
     await bus.publish_event(NodeJoined(node_id="node-y", slots=8, host="h", boot_id="b"))
-    with ApiClient(api_url) as client:
-        stream = client.events(since=0, follow=True)
+    with Client(api_url) as client:
+        stream = client.sequenced_events(since=0, follow=True)
         seq, first = await asyncio.wait_for(asyncio.to_thread(next, stream), 10)
         assert (seq, first.type, first.subject) == (1, "node.joined", "node-y")
         await bus.publish_event(NodeJoined(node_id="node-z", slots=8, host="h", boot_id="b"))
