@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from unicron.services.api import errors, unavailable
 from unicron.services.api.access import authenticate
 from unicron.services.api.metrics import ApiMetrics, MetricsMiddleware
+from unicron.services.api.openapi import operation_id
 from unicron.services.api.routes import (
     calibration,
     events,
@@ -80,6 +81,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Submit and control training jobs, watch the cluster and its event stream.",
         lifespan=_lifespan(settings),
+        generate_unique_id_function=operation_id,
     )
     app.state.settings = settings
     app.state.metrics = ApiMetrics()

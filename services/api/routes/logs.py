@@ -149,7 +149,7 @@ TEXT = {
     response_class=StreamingResponse,
     responses={200: TEXT, **errors(404, 422, 502)},
 )
-async def job_logs(
+async def get_logs(
     job_id: str,
     bus: BusDep,
     state: StateDep,
