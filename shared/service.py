@@ -10,6 +10,7 @@ from typing import TypeVar
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.roles import CredentialsError
 from unicron.shared.logging import configure_logging, get_logger
+from unicron.shared.metrics import serve_metrics
 from unicron.shared.settings import CommonSettings
 from unicron.shared.store.redisauth import check_login, redacted
 from unicron.shared.store.state import StateStore
@@ -19,7 +20,8 @@ ServiceBody = Callable[[Bus, StateStore, asyncio.Event], Awaitable[None]]
 
 
 async def serve(name: str, settings: CommonSettings, body: ServiceBody) -> None:
-    """Connect to NATS and Redis, run ``body`` until a stop signal, then close both."""
+    """Connect to NATS and Redis, serve the bus's metrics (``UNICRON_METRICS_PORT``), run
+    ``body`` until a stop signal, then close them all."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -41,9 +43,12 @@ async def serve(name: str, settings: CommonSettings, body: ServiceBody) -> None:
         log.error("credentials refused", error=str(exc))
         raise SystemExit(2) from None
     log.info("service started", nats=settings.nats_url, redis=redacted(settings.redis_url))
+    scraped = serve_metrics(bus.metrics, settings.metrics_host, settings.metrics_port)
     try:
         await body(bus, state, stop)
     finally:
+        if scraped is not None:
+            scraped.close()
         await bus.close()
         await state.close()
         log.info("service stopped")

@@ -55,6 +55,10 @@ class CommonSettings(BaseSettings):
     # How long a finished job stays readable and listed after it ended; then its record
     # expires (every service that writes jobs sets it). Running and pending jobs never expire.
     job_retention_s: float = Field(JOB_RETENTION_S, gt=0, le=10 * 365 * 86400, allow_inf_nan=False)
+    # Where the service serves /metrics for Prometheus (0: not served). Each service has its own
+    # default port (the README's "Metrics"); the API serves it on its own port instead.
+    metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
 
     @field_validator("redis_sentinels")
     @classmethod

@@ -36,6 +36,7 @@ def default_node_id() -> str:
 
 
 class AgentSettings(CommonSettings):
+    metrics_port: int = Field(9104, ge=0, le=65535)  # /metrics (0: off)
     node_id: str = Field(default_factory=default_node_id)
     slots: int | None = Field(
         None, ge=0, description="workers at once; default: one per GPU, or 2 on a CPU node"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from unicron.shared.settings import CommonSettings
 
 
 class DetectorSettings(CommonSettings):
+    metrics_port: int = Field(9101, ge=0, le=65535)  # /metrics (0: off)
     correlation_window_s: float = 0.15
     node_check_interval_s: float = 0.1
     reconcile_interval_s: float = 2.0

@@ -7,6 +7,7 @@ from unicron.shared.settings import CommonSettings
 
 
 class ExecutorSettings(CommonSettings):
+    metrics_port: int = Field(9103, ge=0, le=65535)  # /metrics (0: off)
     reconcile_interval_s: float = 2.0
     launch_timeout_s: float = 20.0
     max_recoveries: int = 20

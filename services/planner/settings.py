@@ -33,6 +33,7 @@ def quotas_of(text: str) -> TenantQuotas:
 
 
 class PlannerSettings(CommonSettings):
+    metrics_port: int = Field(9102, ge=0, le=65535)  # /metrics (0: off)
     # The node kind (a preset of .clusters) and the model of T(t, x) on it.
     planner_cluster: str = "cpu"
     planner_throughput: str = "megatron"

@@ -24,6 +24,7 @@ from unicron.shared.contracts.messages import (
 )
 from unicron.shared.contracts.reports import AnyReport, report_id, report_subject
 from unicron.shared.logging import get_logger
+from unicron.shared.metrics import ServiceMetrics
 from unicron.shared.outage import Outage
 
 T = TypeVar("T")
@@ -59,8 +60,10 @@ class EventBus(ABC):
     """Publishing with de-duplication and durable, at-least-once consumers
     (:mod:`unicron.shared.bus.bus`)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, metrics: ServiceMetrics | None = None) -> None:
         self.source = source
+        # The service's registry: shared by the connections of its terms (shared/metrics.py).
+        self.metrics = metrics or ServiceMetrics()
         self.refused = 0  # messages a claim check refused, since start
         # One tracker for every handler: a Redis outage fails them all at once.
         self.handler_outage = Outage("bus handlers", component="bus", source=source)
@@ -89,6 +92,7 @@ class EventBus(ABC):
         event = self.wrap(data, event_id)
         await self.send(event_message(event))
         log.debug("event published", type=event.type, id=event.id)
+        self.metrics.published(data)
         return event
 
     async def send_command(self, node_id: str, command: AnyAgentCommand) -> None:
@@ -107,6 +111,7 @@ class EventBus(ABC):
     ) -> Outgoing:
         """The dead letter of a message (logged now: it is made once, however often sent)."""
         log.warning("message dead-lettered", subject=subject, reason=reason)
+        self.metrics.dead_lettered(self.source)
         letter = DeadLetter(
             subject=subject,
             reason=reason,
@@ -175,7 +180,7 @@ class EventBus(ABC):
         """
         delivery = Delivery(
             parse, handler, claim, self.dead_letter, self.handler_outage, self._count_refused,
-            batch,
+            batch, self.metrics.consumer(durable),
         )  # fmt: skip
         await self._bind(subject, durable, deliver_new, delivery)
 

@@ -38,6 +38,7 @@ from unicron.shared.bus.streams import ALL_EVENTS, EVENTS_STREAM, STREAMS
 from unicron.shared.bus.streamsetup import NOT_READY, ensure_streams
 from unicron.shared.contracts.events import CloudEvent
 from unicron.shared.logging import get_logger
+from unicron.shared.metrics import ServiceMetrics
 from unicron.shared.outage import Outage
 
 __all__ = ["STREAMS", "Bus", "parse_event"]
@@ -54,9 +55,14 @@ def parse_event(raw: bytes) -> CloudEvent:
 
 class Bus(EventBus):
     def __init__(
-        self, nc: NatsClient, js: JetStreamContext, source: str, replicas: int | None = None
+        self,
+        nc: NatsClient,
+        js: JetStreamContext,
+        source: str,
+        replicas: int | None = None,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
-        super().__init__(source)
+        super().__init__(source, metrics)
         self.nc = nc
         self.js = js
         # On how many servers the streams this bus creates live; None: 1, or as they are.
@@ -74,6 +80,7 @@ class Bus(EventBus):
         connect_timeout_s: float = 30.0,
         access: NatsAccess | None = None,
         replicas: int | None = None,
+        metrics: ServiceMetrics | None = None,
     ) -> Bus:
         """Log in as ``access`` (anonymous without) to any server of ``url`` (one, or several
         comma-separated) and make sure the streams exist.
@@ -83,13 +90,13 @@ class Bus(EventBus):
         manages streams creates them, on ``replicas`` servers (None: existing streams keep
         theirs, :mod:`unicron.shared.bus.streamsetup`); another waits for them (docs/design.md
         §11). The bus reads no settings: a service passes ``CommonSettings.replicas_asked``
-        (:mod:`unicron.shared.service`).
+        (:mod:`unicron.shared.service`). A term's connection passes its service's ``metrics``.
         """
         access = access or NatsAccess()
         # nats-py's default logs a traceback per reconnect attempt while the server is away.
         link = Outage("nats connection", component="bus", source=source)
         nc = await open_client(url, source, connect_timeout_s, access, link)
-        bus = cls(nc, nc.jetstream(), source, replicas)
+        bus = cls(nc, nc.jetstream(), source, replicas, metrics)
         bus.link_outage = link
         if access.manages_streams:
             await bus._ensure_streams_within(connect_timeout_s)

@@ -40,6 +40,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 from unicron.shared.bus.lane import Handled, LaneGap, LaneMsg, is_lane, message_id
 from unicron.shared.logging import get_logger
+from unicron.shared.metrics import ConsumerMetrics
 from unicron.shared.outage import Outage, is_outage
 from unicron.shared.tasks import cancel_and_wait
 
@@ -92,6 +93,7 @@ class Delivery(Generic[T]):
     outage: Outage
     refused: Callable[[], None]
     batch: Batch[T] | None = None
+    metrics: ConsumerMetrics | None = None  # lag and redeliveries, where the service has them
     _held: dict[int, Received] = field(default_factory=dict)  # by id: received, not finished
     _queue: asyncio.Queue[Received] = field(default_factory=asyncio.Queue)
     _handled: Handled = field(default_factory=Handled)
@@ -109,6 +111,9 @@ class Delivery(Generic[T]):
         keep alive."""
         self._held[id(msg)] = msg
         self._queue.put_nowait(msg)
+        if self.metrics is not None:
+            behind = msg.metadata.num_pending if msg.metadata else None
+            self.metrics.received(0 if is_lane(msg) else _deliveries(msg), behind, len(self._held))
 
     async def by_lane(self, msg: Msg) -> None:
         """The fast lane's callback (:mod:`unicron.shared.bus.lane`)."""
@@ -126,6 +131,8 @@ class Delivery(Generic[T]):
             finally:
                 for msg in msgs:
                     self._held.pop(id(msg), None)
+                if self.metrics is not None:
+                    self.metrics.settled(len(self._held))
 
     async def _keep(self) -> None:
         while True:

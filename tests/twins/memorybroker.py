@@ -53,6 +53,7 @@ class Stored:
 @dataclass(frozen=True)
 class Metadata:
     num_delivered: int
+    num_pending: int = 0  # not counted here: a consumer's lag reads as what it holds
 
 
 class _Background:
