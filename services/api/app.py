@@ -29,18 +29,23 @@ from unicron.services.api.routes import (
     packages,
     plans,
     ui,
+    webhooks,
 )
 from unicron.services.api.settings import ApiSettings
+from unicron.services.api.webhook_delivery import WebhookDeliverer
 from unicron.shared.bus.bus import Bus
+from unicron.shared.bus.streams import EVENTS_STREAM
+from unicron.shared.bus.streamsetup import StreamLimits, apply_limits
 from unicron.shared.logging import get_logger
 from unicron.shared.store.redisauth import check_login, redacted
 from unicron.shared.store.state import StateStore
+from unicron.shared.store.webhooks import WebhookStore
 
 log = get_logger(component="api")
 CLOSE_TIMEOUT_S = 5.0
 # Every /v1 router: each of its calls needs a token once tokens are configured. Mount a new
 # /v1 resource here, never with include_router on its own (a test checks every /v1 route).
-V1_ROUTERS = (jobs, packages, faults, logs, nodes, plans, calibration, events)
+V1_ROUTERS = (jobs, packages, faults, logs, nodes, plans, calibration, events, webhooks)
 
 
 def _lifespan(settings: ApiSettings) -> Any:
@@ -62,12 +67,18 @@ def _lifespan(settings: ApiSettings) -> Any:
             sentinel=settings.redis_sentinel,
         )
         app.state.bus, app.state.store = bus, store
+        limits = StreamLimits(settings.events_max_age_s, settings.events_max_bytes)
+        await apply_limits(bus.js, EVENTS_STREAM, limits)
+        app.state.webhook_store = WebhookStore(store.redis)
+        deliverer = WebhookDeliverer(bus.js, store, app.state.webhook_store, settings)
+        app.state.webhook_deliverer = deliverer
+        await deliverer.start()
         log.info("api connected", nats=settings.nats_url, redis=redacted(settings.redis_url))
         try:
             yield
         finally:
             # Draining NATS waits on a server that may be gone; shutdown must not hang on it.
-            for close in (bus.close, store.close):
+            for close in (deliverer.close, bus.close, store.close):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
 

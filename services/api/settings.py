@@ -40,6 +40,19 @@ class ApiSettings(CommonSettings):
     # The highest weight a "user" token may give a job: weight buys a share of the cluster
     # (docs/design.md §4), so one tenant must not outbid the rest. Admins are bounded by the spec.
     api_user_max_weight: float = Field(10.0, gt=0, le=1e6, allow_inf_nan=False)
+    # UNICRON_EVENTS keeps events this long and this many bytes at most (0: no limit); the API
+    # sets them on the stream at each start, and nothing else changes them
+    # (shared/bus/streamsetup.py).
+    events_max_age_s: float = Field(7 * 86400.0, ge=0, le=10 * 365 * 86400, allow_inf_nan=False)
+    events_max_bytes: int = Field(1 << 30, ge=0)
+    # Webhooks (webhook_delivery.py): a failed POST is retried after a back-off drawn below
+    # base * 2**n seconds, at most cap, until give-up time or attempts, then dead-lettered. The
+    # defaults ride out a receiver away for minutes and notice its return within seconds.
+    webhook_retry_base_s: float = Field(0.5, gt=0, le=60, allow_inf_nan=False)
+    webhook_retry_cap_s: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
+    webhook_give_up_s: float = Field(600.0, gt=0, le=7 * 86400, allow_inf_nan=False)
+    webhook_max_attempts: int = Field(1000, ge=1)
+    webhook_timeout_s: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
 
     @field_validator("api_tokens")
     @classmethod

@@ -92,9 +92,11 @@ _ALL_COMMANDS = COMMAND_SUBJECT_PREFIX + ">"  # every agent's, not the whole str
 def _publishes(user: ServiceUser) -> list[str]:
     role = user.role
     if role == ServiceRole.API:  # the stream manager; its admin fault path sends commands
+        # It acks the events its webhooks' consumers delivered (services/api/webhook_delivery.py).
         return [
             *_events(ev.JobSubmitted, ev.JobStateChanged), _ALL_COMMANDS, logs_subject("*"),
             "$JS.API.>", f"$O.{PACKAGES_BUCKET}.>", f"$JS.FC.{EVENTS}.>", f"$JS.FC.{PACKAGES}.>",
+            f"$JS.ACK.{EVENTS}.>",
         ]  # fmt: skip
     if role == ServiceRole.DETECTOR:
         failures = _events(ev.FailureDetected, ev.JobStateChanged, ev.NodeLost, ev.NodeStateChanged)

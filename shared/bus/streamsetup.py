@@ -8,9 +8,15 @@ replica and existing ones keep theirs: an operator's tool with a bare environmen
 shrink a cluster's streams to one server. A count the cluster cannot give (more than its
 servers, or above 1 on a single server) is :class:`StreamReplicasError`, which names the
 setting to fix.
+
+The events stream's limits (how long and how much it keeps, ``UNICRON_EVENTS_MAX_*``) are set
+by the API at each start (:func:`apply_limits`); bringing a stream to its replica count keeps
+whatever limits it has, so a service that starts with other settings never resets them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StreamConfig
@@ -31,6 +37,8 @@ log = get_logger(component="bus")
 # JetStream's err_code for "replicas > 1 not supported in non-clustered mode", "insufficient
 # resources" and "no suitable peers for placement": fewer servers than replicas.
 REPLICA_REFUSALS = (10074, 10023, 10005)
+# JetStream's default de-duplication window: a message id seen this recently is dropped.
+DUPLICATE_WINDOW_S = 120.0
 # What JetStream answers until its servers elected a leader (a 503 among them).
 NOT_READY = BUS_ERRORS
 
@@ -56,7 +64,9 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None) -> None:
             except BadRequestError as exc:  # it exists, with another configuration
                 if exc.err_code in REPLICA_REFUSALS:
                     raise
+                current = (await js.stream_info(name)).config
                 config.num_replicas = await _replicas_for(js, name, replicas)
+                _keep_limits(config, current)
                 await js.update_stream(config)
         buckets = {
             PACKAGES_BUCKET: ObjectStoreConfig(replicas=replicas or 1),
@@ -72,6 +82,35 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None) -> None:
             "UNICRON_STREAM_REPLICAS must not exceed the NATS servers in the cluster "
             "(1 for a single server)"
         ) from exc
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """How long and how many bytes a stream keeps its messages; 0: no limit."""
+
+    max_age_s: float
+    max_bytes: int
+
+
+def _keep_limits(config: StreamConfig, current: StreamConfig) -> None:
+    """The limits ``config`` leaves unset are ``current``'s, not the server's defaults."""
+    for limit in ("max_age", "max_bytes", "max_msgs"):
+        if getattr(config, limit) is None:
+            setattr(config, limit, getattr(current, limit))
+
+
+async def apply_limits(js: JetStreamContext, stream: str, limits: StreamLimits) -> None:
+    """Bring ``stream`` to ``limits``; messages past the new ones are dropped by the server."""
+    config = (await js.stream_info(stream)).config
+    max_age, max_bytes = limits.max_age_s, limits.max_bytes or -1  # -1: the server's no-limit
+    if (config.max_age or 0.0, config.max_bytes or -1) == (max_age, max_bytes):
+        return
+    log.info("stream limits change", stream=stream, max_age_s=max_age, max_bytes=max_bytes,
+             max_age_s_before=config.max_age, max_bytes_before=config.max_bytes)  # fmt: skip
+    config.max_age, config.max_bytes = max_age, max_bytes
+    # The server refuses a de-duplication window longer than the age limit.
+    config.duplicate_window = min(DUPLICATE_WINDOW_S, max_age or DUPLICATE_WINDOW_S)
+    await js.update_stream(config)
 
 
 async def _ensure_bucket(

@@ -3,33 +3,33 @@
 The SSE ``id`` is the JetStream stream sequence, so a client that reconnects with
 ``Last-Event-ID`` (browsers do this by themselves) resumes exactly after the last event it saw.
 With ``follow=false`` the stream ends after the events stored when the request arrived.
-A user (as opposed to an admin) sees only the events of its tenant's jobs and of nodes.
+``type`` (repeatable) and ``job`` keep only those events (the filter webhooks use too); a user
+(as opposed to an admin) sees only the events of its tenant's jobs and of nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, status
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from unicron.services.api.access import Caller, Principal, may_see
+from unicron.services.api.access import Principal
 from unicron.services.api.deps import BusDep, SettingsDep, StateDep
 from unicron.services.api.errors import errors
+from unicron.services.api.eventscope import Visible, check_filter, visibility
 from unicron.shared.bus.bus import Bus
-from unicron.shared.contracts.events import CloudEvent
-from unicron.shared.store.state import StateStore
+from unicron.shared.contracts.events import EVENT_TYPES
+from unicron.shared.contracts.webhooks import EventFilter
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
 # In history mode stored events arrive back to back; a longer silence means the remaining
 # messages were malformed ones that the bus skips, and waiting on would never end.
 HISTORY_IDLE_S = 2.0
-# A long stream remembers which jobs it may show; past this many it starts over.
-VISIBILITY_CACHE = 10_000
-Visible = Callable[[CloudEvent], Awaitable[bool]]
 
 
 def _start_after(since: int | None, last_event_id: str | None, follow: bool) -> int | None:
@@ -47,32 +47,20 @@ def _start_after(since: int | None, last_event_id: str | None, follow: bool) -> 
     return None if follow else 0
 
 
-def visibility(caller: Caller, state: StateStore) -> Visible:
-    """Whether ``caller`` may see an event: an admin all; a user those about its tenant's jobs
-    and about nodes, but not plans, which list every tenant's jobs."""
-    seen: dict[str, bool] = {}  # a job's tenant never changes, so an answer stays true
-
-    async def visible(event: CloudEvent) -> bool:
-        if caller.admin:
-            return True
-        job_id = event.data.get("job_id")
-        if not isinstance(job_id, str):
-            return event.type.startswith("node.")
-        if job_id not in seen:
-            if len(seen) >= VISIBILITY_CACHE:
-                seen.clear()
-            try:
-                job = await state.get_job(job_id)
-            except ValidationError:  # an unreadable record: its tenant is unknown, so hidden
-                job = None
-            seen[job_id] = job is not None and may_see(caller, job)
-        return seen[job_id]
-
-    return visible
+def _filter(types: list[str], job: str | None) -> EventFilter:
+    """The query's filter; a bad one is a 422 naming the parameter (``type``, ``job``)."""
+    try:
+        return EventFilter(types=types, job_id=job)
+    except ValidationError as exc:
+        query_name = {"types": "type", "job_id": "job"}
+        raise RequestValidationError(
+            [{**e, "loc": ("query", query_name.get(str(e["loc"][0]), e["loc"][0]))}
+             for e in exc.errors()]
+        ) from None  # fmt: skip
 
 
 async def _sse(
-    bus: Bus, after: int | None, end: int | None, visible: Visible
+    bus: Bus, after: int | None, end: int | None, wanted: EventFilter, visible: Visible
 ) -> AsyncIterator[ServerSentEvent]:
     if end is not None and (after or 0) >= end:
         return
@@ -86,7 +74,7 @@ async def _sse(
                     seq, event = await anext(events)
             except TimeoutError:
                 return
-            if await visible(event):
+            if wanted.matches(event) and await visible(event):
                 yield ServerSentEvent(event.model_dump_json(), id=str(seq), event=event.type)
             if end is not None and seq >= end:
                 return
@@ -95,7 +83,9 @@ async def _sse(
 STREAM = {"description": "one SSE message per event", "content": {"text/event-stream": {}}}
 
 
-@router.get("", response_class=EventSourceResponse, responses={200: STREAM, **errors(400, 422)})
+@router.get(
+    "", response_class=EventSourceResponse, responses={200: STREAM, **errors(400, 403, 404, 422)}
+)
 async def stream_events(
     bus: BusDep,
     settings: SettingsDep,
@@ -104,11 +94,18 @@ async def stream_events(
     since: Annotated[int | None, Query(ge=0, description="replay after this sequence")] = None,
     follow: Annotated[bool, Query(description="keep streaming new events")] = True,
     last_event_id: Annotated[str | None, Header()] = None,
+    event_type: Annotated[
+        list[str] | None,
+        Query(alias="type", description=f"keep these types (repeat it): {', '.join(EVENT_TYPES)}"),
+    ] = None,
+    job: Annotated[str | None, Query(description="keep the events about this job")] = None,
 ) -> EventSourceResponse:
+    wanted = _filter(event_type or [], job)
+    await check_filter(caller, state, wanted)
     after = _start_after(since, last_event_id, follow)
     end = None if follow else await bus.last_event_seq()
     return EventSourceResponse(
-        _sse(bus, after, end, visibility(caller, state)),
+        _sse(bus, after, end, wanted, visibility(caller, state)),
         ping=settings.api_sse_ping_s,
         send_timeout=30.0,
     )
