@@ -28,6 +28,7 @@ from unicron.services.agent.hang import HangWatch
 from unicron.services.agent.heartbeat import NodeRegistration
 from unicron.services.agent.logs import LogServer
 from unicron.services.agent.master import MasterStores
+from unicron.services.agent.metrics import AgentMetrics
 from unicron.services.agent.mirror import CheckpointMirror
 from unicron.services.agent.outbox import Outbox, Report
 from unicron.services.agent.packages import PackageDirs
@@ -103,8 +104,10 @@ class Agent:
             self.slots, self.spares, self.channel.drained,
         )  # fmt: skip
         self.hangs = HangWatch(settings, self.supervisor.live, self.steps)
+        metrics = bus.metrics.part(AgentMetrics)
+        metrics.spares_from(lambda: len(self.spares.ready()))
         self.gpu_health = GpuHealthWatch(
-            self.node_id, self.boot_id, self.outbox, settings.gpu_health_s
+            self.node_id, self.boot_id, metrics.counting(self.outbox), settings.gpu_health_s
         )
         self.masters = MasterStores(self.host, self.store.bind_host, ports)
         packages = PackageDirs(bus, settings.data_dir)

@@ -1,8 +1,9 @@
-"""Prometheus metrics of the API: requests and latency by route, jobs by state.
+"""Prometheus metrics of the API: requests and latency by route, jobs and nodes by state.
 
 Each app owns its registry, so several apps in one process (the tests) never collide on
 metric names. Requests are labelled by route template, never by raw path, which would give
-one time series per job id.
+one time series per job id. ``/metrics`` serves it with its bus's registry (the bus metrics
+every service has, shared/metrics.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from unicron.shared.contracts.models import JobBase, JobState
+from unicron.shared.contracts.models import JobBase, JobState, NodeRecord, NodeState
+from unicron.shared.metrics import ServiceMetrics
 
 UNMATCHED = "<unmatched>"
 
@@ -37,14 +39,24 @@ class ApiMetrics:
             "unicron_jobs", "Jobs by state, read from Redis when scraped", ["state"],
             registry=self.registry,
         )  # fmt: skip
+        self.nodes = Gauge(
+            "unicron_nodes", "Nodes by state, read from Redis when scraped", ["state"],
+            registry=self.registry,
+        )  # fmt: skip
+
+    def set_nodes(self, nodes: Sequence[NodeRecord]) -> None:
+        counts = Tally(node.state for node in nodes)
+        for state in NodeState:
+            self.nodes.labels(state.value).set(counts.get(state, 0))
 
     def set_jobs(self, jobs: Sequence[JobBase]) -> None:
         counts = Tally(job.state for job in jobs)
         for state in JobState:
             self.jobs.labels(state.value).set(counts.get(state, 0))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, bus: ServiceMetrics | None = None) -> bytes:
+        """This app's metrics, then its bus's."""
+        return generate_latest(self.registry) + (bus.render() if bus is not None else b"")
 
 
 def route_template(scope: Scope) -> str:

@@ -13,6 +13,7 @@ import contextlib
 from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.gpufaults import GpuFaults
 from unicron.services.detector.liveness import Liveness
+from unicron.services.detector.metrics import DetectorMetrics
 from unicron.services.detector.nodes import NodeMonitor
 from unicron.services.detector.quarantine import NodeHealth
 from unicron.services.detector.record import FailureRecorder
@@ -49,6 +50,7 @@ class Detector:
     def __init__(self, bus: EventBus, state: JobStore, settings: DetectorSettings) -> None:
         self.state = state
         self.settings = settings
+        bus.metrics.part(DetectorMetrics)  # counts the failures as they are published
         self.health = NodeHealth(bus, state, settings)
         self.recorder = FailureRecorder(bus, state, settings, self.health)
         hearing = Hearing(settings.node_timeout_s)

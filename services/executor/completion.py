@@ -13,8 +13,10 @@ from unicron.shared.logging import get_logger
 from unicron.shared.store.state import StateStore
 
 
-async def complete_transition(bus: Bus, state: StateStore, job: Job, report: StepCompleted) -> None:
-    """Announce that ``job``'s generation took its first step (``report``)."""
+async def complete_transition(
+    bus: Bus, state: StateStore, job: Job, report: StepCompleted
+) -> TransitionCompleted:
+    """Announce that ``job``'s generation took its first step (``report``); returns the event."""
     failure = job.last_failure
     lag = 2 if job.transition_fallback else 1
     answered = failure is not None and failure.generation == job.generation - lag
@@ -23,21 +25,20 @@ async def complete_transition(bus: Bus, state: StateStore, job: Job, report: Ste
     action = job.transition or PlanAction.START
     source, resumed = _state_source(job, report)
     phases = await _phases(state, job, report, failure if answered else None, started)
-    await bus.publish_event(
-        TransitionCompleted(
-            job_id=job.id,
-            action=action,
-            generation=job.generation,
-            world_size=job.world_size,
-            resumed_step=resumed,
-            downtime_s=downtime,
-            duration_s=max(0.0, report.at - started),
-            kind=job.transition_kind,
-            state_source=source,
-            phases=phases,
-            fallback=job.transition_fallback,
-        )
+    event = TransitionCompleted(
+        job_id=job.id,
+        action=action,
+        generation=job.generation,
+        world_size=job.world_size,
+        resumed_step=resumed,
+        downtime_s=downtime,
+        duration_s=max(0.0, report.at - started),
+        kind=job.transition_kind,
+        state_source=source,
+        phases=phases,
+        fallback=job.transition_fallback,
     )
+    await bus.publish_event(event)
     get_logger(job_id=job.id).info(
         "transition completed",
         generation=job.generation,
@@ -46,6 +47,7 @@ async def complete_transition(bus: Bus, state: StateStore, job: Job, report: Ste
         downtime_s=downtime,
         phases=phases,
     )
+    return event
 
 
 def _state_source(job: Job, report: StepCompleted) -> tuple[StateSource, int]:

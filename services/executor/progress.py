@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 
 from unicron.services.executor.completion import complete_transition
+from unicron.services.executor.metrics import ExecutorMetrics
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import JobStateChanged
 from unicron.shared.contracts.models import Job, JobState, WorkerState
@@ -73,6 +74,7 @@ class ProgressTracker:
         self.bus = bus
         self.state = state
         self.on_failed = on_failed
+        self.metrics = bus.metrics.part(ExecutorMetrics)
         # generations seen stepping: another rank's step there changes nothing in the record
         self._stepping: OrderedDict[tuple[str, int], None] = OrderedDict()
 
@@ -84,6 +86,7 @@ class ProgressTracker:
         its record however many ranks reported (``Bus.consume(batch=…)``)."""
         by_job: dict[str, list[Report]] = {}
         for report in _each_rank(reports):
+            self.metrics.report(report)
             if isinstance(report, _TRACKED) and not self._settled(report):
                 by_job.setdefault(report.job_id, []).append(report)
         for job_id, pending in by_job.items():
@@ -125,7 +128,8 @@ class ProgressTracker:
         if before is not None:
             await self._announce(before, after)
             if began is not None:
-                await complete_transition(self.bus, self.state, after, began)
+                event = await complete_transition(self.bus, self.state, after, began)
+                self.metrics.transition_completed(after, event)
         exits = [r for r in reports[:applied] if isinstance(r, WorkerExited)]
         if exits:
             await self._after_exits(after, exits)

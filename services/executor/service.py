@@ -129,7 +129,9 @@ class Executor:
 
         async def connect() -> Bus:
             access = self.settings.nats_access
-            return await Bus.connect(self.settings.nats_url, "unicron/executor", access=access)
+            return await Bus.connect(
+                self.settings.nats_url, "unicron/executor", access=access, metrics=self.bus.metrics
+            )
 
         loops = [lambda: self.loop(stop), lambda: records.watch(stop)]
         subscribe = functools.partial(self._subscribe, records=records)

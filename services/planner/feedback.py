@@ -62,6 +62,10 @@ class Feedback:
         steps.seconds += report.iteration_s
         steps.count += 1
 
+    def step_times(self) -> dict[str, float]:
+        """The mean step time of each job that stepped since the last :meth:`flush`."""
+        return {job_id: s.seconds / s.count for job_id, s in self._steps.items() if s.count}
+
     async def flush(self) -> None:
         pending, self._steps = self._steps, {}
         for job_id, steps in pending.items():
@@ -105,9 +109,12 @@ class Feedback:
             factor=round(factor, 3),
         )
 
-    async def on_failure(self, data: FailureDetected) -> None:
-        if await self.state.once(f"planner:failure:{data.failure_id}"):
-            await self.store.failure(data.detected_at)
+    async def on_failure(self, data: FailureDetected) -> bool:
+        """Count the failure for the rate estimate; False when it was counted before."""
+        if not await self.state.once(f"planner:failure:{data.failure_id}"):
+            return False
+        await self.store.failure(data.detected_at)
+        return True
 
     async def exposure(self, gpus: int) -> None:
         await self.store.exposure(gpus, now())

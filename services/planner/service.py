@@ -26,6 +26,7 @@ from unicron.planning.planning import PlanDraft, needs_publish, plan_cluster, sn
 from unicron.planning.throughput import MegatronThroughput
 from unicron.services.planner.calibration import CalibrationStore
 from unicron.services.planner.feedback import Feedback
+from unicron.services.planner.metrics import PlannerMetrics
 from unicron.services.planner.publish import announce, changes, summarise
 from unicron.services.planner.settings import PlannerSettings
 from unicron.shared.bus.bus import Bus, parse_event
@@ -80,6 +81,7 @@ class Planner:
         self.calibration = store
         steps = model if isinstance(model, MegatronThroughput) else None
         self.feedback = Feedback(state, store, steps)
+        self.metrics = bus.metrics.part(PlannerMetrics)
         self._wake = asyncio.Event()
         self._triggers: list[str] = []
         self._last_inputs: ClusterInputs | None = None  # only saves work; Redis is the truth
@@ -92,7 +94,8 @@ class Planner:
         if isinstance(data, events.TransitionCompleted):
             await self.feedback.on_transition(event.id, data)
         elif isinstance(data, events.FailureDetected):
-            await self.feedback.on_failure(data)
+            if await self.feedback.on_failure(data):
+                self.metrics.failure_taken(data)
         elif isinstance(data, events.JobStateChanged) and data.new.terminal:
             self.feedback.forget(data.job_id)
             await self.calibration.forget_job(data.job_id)
@@ -117,8 +120,9 @@ class Planner:
 
     async def _connect(self) -> Bus:
         return await Bus.connect(
-            self.settings.nats_url, "unicron/planner", access=self.settings.nats_access
-        )
+            self.settings.nats_url, "unicron/planner", access=self.settings.nats_access,
+            metrics=self.bus.metrics,
+        )  # fmt: skip
 
     async def _subscribe(self, term_bus: Bus) -> None:
         await term_bus.consume(ALL_EVENTS, DURABLE, parse_event, self.on_event)
@@ -136,6 +140,7 @@ class Planner:
         while True:
             await asyncio.sleep(max(self.settings.planner_reconcile_s, outage.delay()))
             try:
+                self.metrics.achieved(await self.state.latest_plan(), self.feedback.step_times())
                 await self.feedback.flush()
                 await self.feedback.exposure(self._busy_gpus())
                 outage.ok()
@@ -156,7 +161,8 @@ class Planner:
             self._wake.clear()
             triggers, self._triggers = self._triggers, []
             try:
-                await self.plan_once(summarise(triggers, RECONCILE))
+                with self.metrics.pass_seconds.time():
+                    await self.plan_once(summarise(triggers, RECONCILE))
                 outage.ok()
             except Exception as exc:
                 # Keep the triggers and try again after the back-off, not at the next tick: a

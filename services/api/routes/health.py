@@ -55,9 +55,13 @@ async def readyz(response: Response, bus: BusDep, state: StateDep) -> Readiness:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(state: StateDep, api_metrics: MetricsDep) -> Response:
+async def metrics(state: StateDep, bus: BusDep, api_metrics: MetricsDep) -> Response:
     try:
-        api_metrics.set_jobs(await asyncio.wait_for(job_summaries(state), PING_TIMEOUT_S * 4))
+        jobs, nodes = await asyncio.wait_for(
+            asyncio.gather(job_summaries(state), state.list_nodes()), PING_TIMEOUT_S * 4
+        )
+        api_metrics.set_jobs(jobs)
+        api_metrics.set_nodes(nodes)
     except Exception as exc:  # request metrics stay useful while Redis is away
-        log.warning("jobs gauge not refreshed", error=repr(exc))
-    return Response(api_metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        log.warning("jobs and nodes gauges not refreshed", error=repr(exc))
+    return Response(api_metrics.render(bus.metrics), media_type=CONTENT_TYPE_LATEST)
