@@ -117,3 +117,59 @@ def test_compose_file_is_valid() -> None:
         ["docker-compose", "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+OBSERVABILITY = COMPOSE.parent / "observability"
+
+
+def _mounts(service: str) -> dict[str, str]:
+    """Bind mounts of a compose service: target in the container -> source under deploy/."""
+    volumes = [v.split(":") for v in _compose()["services"][service]["volumes"]]
+    return {target: source for source, target, *_ in volumes if source.startswith("./")}
+
+
+def test_prometheus_scrapes_each_service_on_the_port_it_serves_metrics_on() -> None:
+    """Compose's Prometheus scrapes each Unicron container, in the scrape job named after its
+    service, on the port its settings serve /metrics on (the API: its API port)."""
+    config = yaml.safe_load((OBSERVABILITY / "prometheus.yml").read_text())
+    scraped = {
+        job["job_name"]: sorted(t for c in job["static_configs"] for t in c["targets"])
+        for job in config["scrape_configs"]
+    }
+    expected: dict[str, list[str]] = {}
+    for name, svc in _unicron_services().items():
+        module = svc["command"][2]
+        env = svc["environment"]
+        port = env.get("UNICRON_API_PORT") or env.get("UNICRON_METRICS_PORT")
+        port = port or _settings_class(module).model_fields["metrics_port"].default
+        assert int(port) > 0, f"{name} serves no /metrics"
+        expected.setdefault(f"unicron-{module.rsplit('.', 1)[1]}", []).append(f"{name}:{port}")
+    assert scraped == {job: sorted(targets) for job, targets in expected.items()}
+
+
+def test_prometheus_and_grafana_mount_the_files_they_read() -> None:
+    for service in ("prometheus", "grafana"):
+        for source in _mounts(service).values():
+            assert (COMPOSE.parent / source).exists(), f"{service} mounts a missing {source}"
+    prometheus = _mounts("prometheus")
+    assert prometheus["/etc/prometheus/prometheus.yml"] == "./observability/prometheus.yml"
+    config = yaml.safe_load((OBSERVABILITY / "prometheus.yml").read_text())
+    for rules in config["rule_files"]:  # read beside the config file
+        assert prometheus[f"/etc/prometheus/{rules}"] == f"./observability/{rules}"
+    grafana = _mounts("grafana")
+    assert grafana["/etc/grafana/provisioning"] == "./observability/grafana/provisioning"
+    provisioning = OBSERVABILITY / "grafana" / "provisioning"
+    [provider] = yaml.safe_load((provisioning / "dashboards" / "unicron.yml").read_text())[
+        "providers"
+    ]
+    dashboards = provider["options"]["path"]
+    assert grafana[dashboards] == "./observability/grafana/dashboards"
+    home = _compose()["services"]["grafana"]["environment"][
+        "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"
+    ]
+    assert (OBSERVABILITY / "grafana" / "dashboards" / Path(home).relative_to(dashboards)).is_file()
+    [source] = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["url"] == "http://prometheus:9090"
+    assert _compose()["services"]["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]
