@@ -30,6 +30,7 @@ from unicron.cli.restarts import RestartBackoff
 from unicron.shared.bus.natslogin import NatsAccess
 from unicron.shared.contracts.roles import ServiceRole, ServiceUser, stack_users
 from unicron.shared.logging import get_logger
+from unicron.shared.procs import free_port
 from unicron.shared.servers.credentials import StackLogins, load_or_create
 from unicron.shared.servers.embedded import (
     EmbeddedServer,
@@ -82,6 +83,7 @@ class Stack:
         self.logins: StackLogins | None = None  # docs/design.md §11
         self.redis_ha: RedisHa | None = None
         self.servers_env: dict[str, str] = {}  # how the children find --ha's servers
+        self.metrics_urls: dict[str, str] = {}  # where each child serves /metrics, by name
 
     @property
     def api_url(self) -> str:
@@ -108,13 +110,14 @@ class Stack:
             role = module.split(".")[-1]
             user = ServiceUser(role=ServiceRole(role))
             for name in self.instances(role):
-                self._add(name, module, self.env(**self.login_env(user), **self.instance_env(name)))
+                env = self.env(**self.login_env(user), **self.instance_env(name))
+                self._add(name, module, env | self.metrics_env(name))
         for node_id in self.node_ids:
             agent = ServiceUser(role=ServiceRole.AGENT, node_id=node_id)
             slots = str(self.config.slots)
             env = self.env(UNICRON_NODE_ID=node_id, UNICRON_SLOTS=slots, **self.login_env(agent))
             env.update(self.config.node_env.get(node_id, {}))
-            self._add(f"agent-{node_id}", AGENT_MODULE, env)
+            self._add(f"agent-{node_id}", AGENT_MODULE, env | self.metrics_env(f"agent-{node_id}"))
         self.wait_ready(ready_timeout_s)
 
     def start_servers(self) -> None:
@@ -159,6 +162,15 @@ class Stack:
         if role not in LEASED_ROLES:
             return {}
         return {f"UNICRON_{role.upper()}_INSTANCE": f"unicron-up:{self.data_dir}:{name}"}
+
+    def metrics_env(self, name: str) -> dict[str, str]:
+        """A free port for the child ``name``'s /metrics (agents share a machine); the API's own."""
+        if name == "api":
+            self.metrics_urls[name] = f"{self.api_url}/metrics"
+            return {}
+        port = free_port()
+        self.metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
+        return {"UNICRON_METRICS_PORT": str(port)}
 
     def login_env(self, user: ServiceUser) -> dict[str, str]:
         return self.logins.env(user) if self.logins else {}

@@ -24,6 +24,7 @@ def _print_endpoints(console: Console, stack: Stack) -> None:
         table.add_row("Redis", stack.redis_url)
     table.add_row("nodes", f"{stack.config.nodes} x {stack.config.slots} slots")
     table.add_row("logs", str(stack.data_dir / "logs"))
+    table.add_row("metrics", "\n".join(f"{n}: {u}" for n, u in stack.metrics_urls.items()))
     if stack.logins is not None:
         table.add_row("credentials", str(stack.data_dir / "secrets" / CREDENTIALS_FILE))
     console.print(table)
