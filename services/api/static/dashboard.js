@@ -23,7 +23,13 @@ let logsRank = null;
 let refreshTimer = null;
 let tokenWanted = null; // the promise of the token dialog while it is open
 
-class Unauthorized extends Error {}
+// A 401, with the token the refused request carried (null: none).
+class Unauthorized extends Error {
+  constructor(message, token) {
+    super(message);
+    this.token = token;
+  }
+}
 
 // ---- requests -------------------------------------------------------------------------------
 
@@ -45,8 +51,9 @@ async function reason(response) {
 }
 
 async function get(path, extra) {
+  const sent = sessionStorage.getItem(TOKEN_KEY);
   const response = await fetch(path, { headers: authHeaders(extra), cache: "no-store" });
-  if (response.status === 401) throw new Unauthorized(await reason(response));
+  if (response.status === 401) throw new Unauthorized(await reason(response), sent);
   return response;
 }
 
@@ -57,10 +64,13 @@ async function getJson(path, missing) {
   return response.json();
 }
 
-function needToken(why) {
+// Ask for a token, once however many requests were refused. A refusal of a token the user
+// has since replaced asks nothing: the caller just tries again with the new one.
+function needToken(refused) {
   if (tokenWanted) return tokenWanted;
+  if (refused.token !== sessionStorage.getItem(TOKEN_KEY)) return Promise.resolve();
   sessionStorage.removeItem(TOKEN_KEY);
-  $("login-why").textContent = why;
+  $("login-why").textContent = refused.message;
   const dialog = $("login");
   tokenWanted = new Promise((resolve) => {
     $("login-form").onsubmit = (submitted) => {
@@ -142,7 +152,7 @@ function renderNodes(nodes, records) {
       for (let free = placed.length; free < node.slots; free++) {
         cells.push(el("span", { class: "cell free" }, "free"));
       }
-      const facts = node.slots + " slots" + (node.gpus ? ", " + node.gpus + " GPUs" : "") +
+      const facts = node.slots + (node.slots === 1 ? " slot" : " slots") + (node.gpus ? ", " + node.gpus + " GPUs" : "") +
         (node.spares_ready ? ", " + node.spares_ready + " spares" : "");
       return el("div", { class: "node " + node.state, "data-node": node.id },
         el("div", { class: "node-name" }, node.id + " ", badge(node.state), el("br"),
@@ -152,8 +162,11 @@ function renderNodes(nodes, records) {
   $("nodes").replaceChildren(...(rows.length ? rows : [el("p", { class: "muted" }, "no nodes")]));
 }
 
+// Newest first: the job someone just submitted is the one they look for.
 function renderJobs(jobs) {
-  const rows = jobs.map((job) => el("tr", { "data-job": job.id, "data-state": job.state },
+  const rows = jobs.slice().reverse().map((job) => el("tr", {
+    "data-job": job.id, "data-state": job.state, "data-recoveries": job.recoveries,
+  },
     el("td", {}, el("a", { href: "/ui/jobs/" + encodeURIComponent(job.id) }, job.name),
       el("br"), el("span", { class: "muted" }, job.id)),
     el("td", { title: job.reason }, badge(job.state)),
@@ -206,9 +219,18 @@ function renderJob(job) {
   }
 }
 
+// The plan that placed the job. A recovery on the executor's fast path runs under a plan id
+// of its own that is never stored; the standing plan it acted within explains the job then.
+async function planOf(job) {
+  if (!job.plan_id) return null;
+  const plan = await getJson("/v1/plans/" + encodeURIComponent(job.plan_id), null);
+  return plan || getJson("/v1/plans/latest", null);
+}
+
 function renderPlan(plan, job) {
   const allocation = plan && plan.allocations.find((a) => a.job_id === job.id);
-  $("plan-id").textContent = plan ? plan.id + " (" + plan.trigger + ")" : "";
+  const via = plan && job.plan_id !== plan.id ? ", last recovered by " + job.plan_id : "";
+  $("plan-id").textContent = plan ? plan.id + " (" + plan.trigger + via + ")" : "";
   if (!allocation) {
     $("plan").replaceChildren(el("p", { class: "muted" }, "no plan for this job yet"));
     return null;
@@ -246,8 +268,7 @@ async function refreshLogs(job) {
 async function refreshJob() {
   const job = await getJson("/v1/jobs/" + encodeURIComponent(JOB_ID));
   renderJob(job);
-  const plan = job.plan_id ? await getJson("/v1/plans/" + encodeURIComponent(job.plan_id), null) : null;
-  const waf = renderPlan(plan, job);
+  const waf = renderPlan(await planOf(job), job);
   sample(job.state === "RUNNING" ? [job] : [], waf);
   await refreshLogs(job);
 }
@@ -280,6 +301,18 @@ function seriesOf(pick) {
   return series;
 }
 
+// 36300000000 → "36.3G": axis labels stay short whatever the unit's scale.
+function si(value) {
+  const prefixes = ["", "k", "M", "G", "T", "P", "E"];
+  let scaled = value;
+  let power = 0;
+  while (Math.abs(scaled) >= 1000 && power < prefixes.length - 1) {
+    scaled /= 1000;
+    power += 1;
+  }
+  return String(Number(scaled.toPrecision(3))) + prefixes[power];
+}
+
 function drawChart(svg, series) {
   const width = svg.clientWidth || 600;
   const height = svg.clientHeight || 120;
@@ -305,14 +338,18 @@ function drawChart(svg, series) {
   const children = [
     make("line", { class: "axis", x1: pad.left, y1: y(0), x2: width - pad.right, y2: y(0) }),
     make("line", { class: "axis", x1: pad.left, y1: pad.top, x2: pad.left, y2: y(0) }),
-    make("text", { x: 2, y: pad.top + 8 }, top.toPrecision(3)),
+    make("text", { x: 2, y: pad.top + 8 }, si(top)),
     make("text", { x: 2, y: y(0) }, "0"),
     make("text", { x: pad.left, y: height - 2 }, Math.round(t1 - t0) + " s"),
   ];
   Object.entries(series).forEach(([name, values], index) => {
     const line = values.map(([t, v]) => x(t).toFixed(1) + "," + y(v).toFixed(1)).join(" ");
-    children.push(make("polyline", { class: "series-" + (index % 4), points: line, "data-series": name }));
-    children.push(make("text", { class: "series-" + (index % 4), x: width - pad.right - 120, y: pad.top + 10 + 12 * index }, name));
+    const colour = "series-" + (index % 4);
+    children.push(make("polyline", { class: colour, points: line, "data-series": name }));
+    const [tLast, vLast] = values[values.length - 1]; // a lone sample still shows
+    children.push(make("circle", { class: colour, cx: x(tLast), cy: y(vLast), r: 2.5 }));
+    children.push(make("text", { x: width - pad.right - 140, y: pad.top + 10 + 12 * index },
+      name + " " + si(vLast)));
   });
   svg.replaceChildren(...children);
 }
@@ -344,8 +381,10 @@ function summarize(type, d) {
 function showEvent(event) {
   const d = event.data || {};
   if (JOB_ID && d.job_id !== JOB_ID && !event.type.startsWith("node.")) return;
-  const kind = event.type === "failure.detected" ? "failure-event"
-    : event.type.startsWith("node.") ? "node-event" : "";
+  // An advisory (a straggler: action "report") interrupts nothing; it is shown as a warning.
+  const failure = event.type === "failure.detected";
+  const kind = failure && d.action !== "report" ? "failure-event"
+    : failure || event.type.startsWith("node.") ? "warning-event" : "";
   const feed = $("feed");
   feed.prepend(el("li", { class: kind, "data-type": event.type },
     el("time", {}, new Date(event.time).toLocaleTimeString([], { hour12: false })),
@@ -391,7 +430,7 @@ async function follow() {
       setLive(true);
       await readStream(response, (id) => { lastId = id; });
     } catch (error) {
-      if (error instanceof Unauthorized) await needToken(error.message);
+      if (error instanceof Unauthorized) await needToken(error);
       else console.warn(error);
     }
     setLive(false);
@@ -424,7 +463,7 @@ async function refresh() {
     $("updated").textContent = "updated " + new Date().toLocaleTimeString([], { hour12: false });
   } catch (error) {
     if (error instanceof Unauthorized) {
-      await needToken(error.message);
+      await needToken(error);
       refreshAgain = true;
     } else {
       $("error").textContent = error.message;
