@@ -206,3 +206,15 @@ async def test_a_deleted_webhook_gets_nothing_more_and_loses_its_consumer(
         assert receiver.event_ids() == [first.id]
     finally:
         witness.down()
+
+
+async def test_a_restarted_api_delivers_what_came_while_it_was_down(
+    nats_url: str, redis_url: str, bus: Bus, receiver: Receiver
+) -> None:
+    with serve_api(nats_url, redis_url) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            made = await client.post("/v1/webhooks", json={"url": receiver.url})
+            assert made.status_code == 201
+    missed = await bus.publish_event(submitted("job-1"))  # no API runs now
+    with serve_api(nats_url, redis_url):  # its webhooks come back from Redis
+        assert await received(receiver, 1) == [missed.id]
