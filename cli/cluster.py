@@ -38,15 +38,23 @@ def events(
     since: Annotated[
         int, typer.Option(min=0, help="Start after this event number (the #N shown); 0 = all.")
     ] = 0,
+    event_types: Annotated[
+        list[str] | None,
+        typer.Option("--type", help="Only events of this type (repeat it), e.g. failure.detected."),
+    ] = None,
+    job: Annotated[
+        str | None, typer.Option("--job", help="Only the events about this job.")
+    ] = None,
     api_url: ApiUrl = DEFAULT_API_URL,
 ) -> None:
     """Print the stored event history; with --follow, then every new event until Ctrl-C (a
-    dropped connection is resumed where it broke)."""
+    dropped connection is resumed where it broke). --type and --job filter on the server."""
     out = console()
     last = since
     with api(api_url) as client:
         try:
-            for seq, event in client.sequenced_events(since=since, follow=follow):
+            wanted = client.sequenced_events(event_types or (), job, since=since, follow=follow)
+            for seq, event in wanted:
                 if json_output():
                     print_json({"seq": seq, "event": event}, lines=True)
                 else:  # soft_wrap: one event per line whatever the width, so it greps well

@@ -13,6 +13,7 @@ from unicron.shared.store.state import StateStore
 from tests.api.factories import ADMIN, USER_A, bearer, put_job
 from tests.api.test_events import fields, sse_blocks, submitted
 from tests.api.test_webhooks import failure
+from tests.cli.test_cli import unicron
 
 
 async def history(client: httpx.AsyncClient, **params: object) -> list[tuple[str, str]]:
@@ -70,3 +71,18 @@ async def test_a_bad_filter_is_refused_with_the_reason(
         "/v1/events", params={"job": "job-a", "follow": "false"}, headers=bearer(ADMIN)
     )
     assert admin.status_code == 200
+
+
+async def test_the_cli_passes_type_and_job(api_url: str, bus: Bus) -> None:
+    await bus.publish_event(submitted("job-1"))
+    await bus.publish_event(submitted("job-2"))
+    await bus.publish_event(failure("job-1"))
+    await bus.publish_event(NodeJoined(node_id="node-a", slots=2, host="h", boot_id="b"))
+    args = ["events", "--type", "failure.detected", "--type", "job.submitted", "--job", "job-1"]
+    result = await unicron(*args, api_url=api_url)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and "job.submitted" in lines[0] and "failure.detected" in lines[1]
+    assert all("job-1" in line for line in lines)
+    refused = await unicron("events", "--type", "job.exploded", api_url=api_url)
+    assert refused.exit_code == 2 and "job.exploded" in refused.output
