@@ -106,9 +106,10 @@ class ExecutorMetrics:
 
     def forget(self, job_id: str) -> None:
         """Drop a finished job's gauges (it steps no more); its counters keep their totals."""
-        self._progress.pop(job_id, None)
+        if self._progress.pop(job_id, None) is None:
+            return  # never stepped here, or forgotten already
         for gauge in (self.steps_per_second, self.loss):
-            with contextlib.suppress(KeyError):  # it never stepped
+            with contextlib.suppress(KeyError):
                 gauge.remove(job_id)
 
 

@@ -84,6 +84,8 @@ class Executor:
         if plan is not None:
             await self.transitions.apply_plan(plan)
         for job in await job_summaries(self.state):
+            if job.state.terminal:  # cancelled by the api, say: its gauges go
+                self.progress.metrics.forget(job.id)
             if job.state not in (JobState.STARTING, JobState.RECOVERING):
                 continue
             waited = now() - (job.transition_started_at or now())
