@@ -110,6 +110,8 @@ const badge = (state) => el("span", { class: "badge " + state }, state);
 const clock = (seconds) => new Date(seconds * 1000).toLocaleTimeString([], { hour12: false });
 const fixed = (value, digits) => (value === null || value === undefined ? "–" : value.toFixed(digits));
 
+const amount = (value) => (value === null || value === undefined ? "–" : si(value));
+
 function fill(tbody, rows) {
   tbody.replaceChildren(...rows);
 }
@@ -241,15 +243,15 @@ function renderPlan(plan, job) {
     ["action", allocation.action + ": " + allocation.previous_workers + " → " + allocation.workers + " workers"],
     ["why", allocation.reason || "–"], ["nodes", allocation.nodes.join(", ") || "–"],
     ["layout", layout(allocation.config)],
-    ["throughput", fixed(x.predicted_throughput_old, 2) + " → " + fixed(x.predicted_throughput, 2)],
-    ["predicted WAF", fixed(x.predicted_waf, 2) + " (weight " + fixed(x.weight, 1) + ")"],
+    ["throughput", amount(x.predicted_throughput_old) + " → " + amount(x.predicted_throughput) + " FLOP/s"],
+    ["predicted WAF", amount(x.predicted_waf) + " (weight " + fixed(x.weight, 1) + ")"],
     ["transition", (x.transition || "–") + ", state from " + (x.state_source || "–")],
     ["downtime", fixed(x.predicted_downtime_s, 1) + " s predicted"],
   ];
   const alternatives = (x.alternatives || []).map((a) => el("tr", {},
     el("td", { class: "num" }, a.workers), el("td", {}, layout(a.config)),
-    el("td", { class: "num" }, fixed(a.predicted_throughput, 2)),
-    el("td", { class: "num" }, fixed(a.shortfall, 3))));
+    el("td", { class: "num" }, amount(a.predicted_throughput)),
+    el("td", { class: "num" }, amount(a.shortfall))));
   $("plan").replaceChildren(
     el("dl", { class: "facts" }, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
     alternatives.length ? el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "alternative workers"),
@@ -262,7 +264,10 @@ async function refreshLogs(job) {
   if (!job.generation) return;
   const rank = Number($("rank").value || 0);
   const response = await get("/v1/jobs/" + encodeURIComponent(job.id) + "/logs?tail=200&rank=" + rank);
-  $("logs").textContent = response.ok ? await response.text() : "(" + (await reason(response)) + ")";
+  const logs = $("logs");
+  const atEnd = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
+  logs.textContent = response.ok ? await response.text() : "(" + (await reason(response)) + ")";
+  if (atEnd) logs.scrollTop = logs.scrollHeight; // follow the output unless scrolled back
 }
 
 async function refreshJob() {
@@ -365,7 +370,7 @@ function summarize(type, d) {
     case "job.submitted":
       return d.job_id + " submitted (" + d.name + ")";
     case "plan.created":
-      return "plan " + d.seq + ": " + d.trigger + ", expected WAF " + fixed(d.expected_waf, 2);
+      return "plan " + d.seq + ": " + d.trigger + ", expected WAF " + amount(d.expected_waf);
     case "transition.started":
       return d.job_id + ": " + d.action + " " + d.from_workers + " → " + d.to_workers + " workers";
     case "transition.completed":
