@@ -143,3 +143,15 @@ async def test_history_and_logs_from_the_sync_client(
     text, history = await asyncio.wait_for(asyncio.to_thread(read), 20)
     assert text == "line 2\nline 3\n"
     assert history == ["node.joined"]
+
+
+async def test_events_of_some_types_about_one_job(api_url: str, bus: Bus) -> None:
+    async with AsyncClient(api_url) as client:
+        mine, other = [await client.submit({"name": name}) for name in ("mine", "other")]
+        for job in (mine, other):
+            await client.cancel(job.id)
+        await bus.publish_event(NodeJoined(node_id="node-a", slots=2, host="h", boot_id="b"))
+        history = client.events(["job.state_changed"], job=mine.id, since=0, follow=False)
+        assert [(e.type, e.subject) async for e in history] == [("job.state_changed", mine.id)]
+        with pytest.raises(InvalidRequest, match="type"):
+            [e async for e in client.events(["job.no_such_type"], follow=False)]
