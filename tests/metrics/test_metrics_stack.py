@@ -23,8 +23,8 @@ from tests.metrics.scrape import Samples, scrape, total, value
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
-WORLD = 2  # one slot on each of two nodes: the fewest processes for a whole recovery
-SERVICES = {"api", "detector", "planner", "executor", "agent-node-0", "agent-node-1"}
+WORLD = 2  # two slots on one node: the fewest processes for a whole recovery
+SERVICES = {"api", "detector", "planner", "executor", "agent-node-0"}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("metrics")
     nats, redis = start_nats(root / "nats"), start_redis(root / "redis")
     config = StackConfig(
-        nodes=2, slots=1, nats_url=nats.url, redis_url=redis.url, api_port=free_port(),
+        nodes=1, slots=2, nats_url=nats.url, redis_url=redis.url, api_port=free_port(),
         data_dir=root / "stack",
     )  # fmt: skip
     try:
@@ -112,9 +112,9 @@ def test_a_killed_worker_moves_the_metrics_of_every_service(
     assert grew("executor", "unicron_job_goodput_seconds_total", job=job_id) > 0
     assert value(executor, "unicron_job_steps_per_second", job=job_id) > 0
     assert math.isfinite(value(executor, "unicron_job_loss", job=job_id))
-    assert value(after["api"], "unicron_nodes", state="READY") == 2
+    assert value(after["api"], "unicron_nodes", state="READY") == 1
     assert value(after["api"], "unicron_jobs", state="RUNNING") == 1
     for name in ("detector", "planner", "executor", "agent-node-0"):
         lags = [k for k in after[name] if k[0] == "unicron_bus_consumer_pending_messages"]
         assert lags, f"{name} reports no consumer lag"
-    assert all(("unicron_spares_ready", frozenset()) in after[f"agent-node-{n}"] for n in (0, 1))
+    assert ("unicron_spares_ready", frozenset()) in after["agent-node-0"]
