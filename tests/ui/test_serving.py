@@ -43,11 +43,14 @@ async def test_the_page_is_public_and_every_call_it_makes_needs_a_token(
                 assert page.status_code == 200, (path, page.text)
                 assert page.headers["content-type"].startswith("text/html")
                 assert "connect-src 'self'" in page.headers["content-security-policy"]
-            linked = re.findall(r'(?:src|href)="(/ui/assets/[^"]+)"', page.text)
-            assert sorted(linked) == ["/ui/assets/dashboard.css", "/ui/assets/dashboard.js"]
-            for asset in linked:
-                served = await client.get(asset)
-                assert served.status_code == 200 and served.text, asset
+            linked = re.findall(r'(?:src|href)="/ui/assets/([^"]+)"', page.text)
+            assert sorted(linked) == ["dashboard.css", "dashboard.js"]
+            for name in (*linked, *ui.ASSETS):
+                served = await client.get(f"/ui/assets/{name}")
+                assert served.status_code == 200 and served.text, name
+                # the modules dashboard.js imports are served too, under the same folder
+                imported = re.findall(r'from "\./([^"]+)"', served.text)
+                assert set(imported) <= set(ui.ASSETS), (name, imported)
             for path in PAGE_READS:
                 assert await _status(client, path, {}) == 401, path
                 assert await _status(client, path, bearer(USER_A)) in (200, 404), path
@@ -70,6 +73,7 @@ def test_every_file_the_dashboard_serves_is_package_data() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = pyproject["tool"]["setuptools"]["package-data"]["unicron.services.api"]
     api = ROOT / "services" / "api"
+    assert sorted(p.name for p in ui.STATIC.iterdir()) == sorted((ui.PAGE, *ui.ASSETS))
     for name in (ui.PAGE, *ui.ASSETS):
         path = ui.STATIC / name
         assert path.is_file(), path

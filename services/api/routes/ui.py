@@ -21,9 +21,15 @@ STATIC = Path(__file__).resolve().parent.parent / "static"
 PAGE = "index.html"
 # The page's files by name, with their types; anything else under /ui/assets is a 404, so a
 # crafted name can never reach outside the folder.
+JAVASCRIPT = "text/javascript; charset=utf-8"  # ES modules: dashboard.js imports the rest
 ASSETS = {
-    "dashboard.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
+    "dashboard.js": JAVASCRIPT,
+    "api.js": JAVASCRIPT,
+    "chart.js": JAVASCRIPT,
+    "dom.js": JAVASCRIPT,
+    "feed.js": JAVASCRIPT,
+    "pages.js": JAVASCRIPT,
 }
 # The page runs only its own script and style and talks only to this API: an injected
 # <script> or a job name full of markup has nowhere to load from and nothing to run.
