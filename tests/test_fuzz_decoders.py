@@ -349,6 +349,7 @@ def test_bus_decoders_refuse_arbitrary_json(raw: bytes) -> None:
         assert check_decoder(decode, allowed, raw) is None  # no random value is a message
 
 
+@pytest.mark.extended  # the longest fuzz runs: CI's extended suite
 @fuzz(BUS_NEAR_VALID)
 @given(data=st.data())
 def test_bus_decoders_refuse_near_valid_messages(data: st.DataObject) -> None:
@@ -576,6 +577,7 @@ def assert_still_takes_directives(
     assert pending is not None and pending.directive == REGROUP
 
 
+@pytest.mark.extended  # the longest fuzz runs: CI's extended suite
 @fuzz(WORKER_DELIVER)
 @given(line=st.one_of(ANY_INPUT, near_valid(DIRECTIVE_SEEDS)))
 def test_the_worker_never_fails_on_a_directive_line(
@@ -631,6 +633,7 @@ def loads_or_empty(raw: bytes) -> Any:
         return {}
 
 
+@pytest.mark.extended  # the longest fuzz runs: CI's extended suite
 @fuzz(WORKER_OFFER)
 @given(
     directive=st.one_of(

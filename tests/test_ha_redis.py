@@ -112,6 +112,7 @@ async def write_through(writer: Writer, fault: Callable[[], int], ha: RedisHa) -
     return await promoted
 
 
+@pytest.mark.extended  # the switchover below keeps the records too, in less time
 async def test_a_killed_primary_loses_no_job_record(ha: RedisHa, store: StateStore) -> None:
     writer = Writer(store)
 
@@ -166,6 +167,7 @@ async def test_a_switchover_loses_no_job_record(ha: RedisHa, store: StateStore) 
     assert await writer.lost() == []
 
 
+@pytest.mark.extended
 async def test_a_lost_replica_slows_no_write_for_long(ha: RedisHa, store: StateStore) -> None:
     replica = next(s for s in ha.data if s.port != ha.master_port())
     replica.process.kill()

@@ -257,7 +257,9 @@ def test_dashboard_panels_use_the_provisioned_datasource() -> None:
 
 
 def _query(url: str, promql: str) -> list[dict[str, Any]]:
-    answer = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=5).json()
+    response = httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=5)
+    response.raise_for_status()  # 503 while Prometheus starts: the caller waits that out
+    answer = response.json()
     assert answer["status"] == "success", answer
     return list(answer["data"]["result"])
 

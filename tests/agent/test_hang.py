@@ -214,6 +214,7 @@ def busy_core() -> Iterator[None]:
     proc.wait()
 
 
+@pytest.mark.extended  # a false-alarm run: bench/detect.py counts them too
 async def test_healthy_jittery_workers_are_never_hung(
     supervisor: Supervisor, sink: RecordingSink, watch: HangWatch, busy_core: None
 ) -> None:

@@ -130,6 +130,7 @@ async def test_injected_exception_is_classified_from_its_text(watch: Watch) -> N
     await _finish(watch, job_id, 60)
 
 
+@pytest.mark.extended  # the multi-host suite loses a real host too
 async def test_lost_node_is_sev1_and_the_job_finishes_on_the_rest(
     watch: Watch, stack: Stack
 ) -> None:

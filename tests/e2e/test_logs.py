@@ -8,10 +8,12 @@ import os
 import signal
 
 import httpx
+import pytest
 
 from tests.e2e.conftest import get_job, small_job, wait_for, wait_terminal
 
 
+@pytest.mark.extended  # the dashboard test reads a rank's output through the same API
 def test_rank_output_through_a_recovery_and_after_the_end(api: httpx.Client) -> None:
     job = api.post("/v1/jobs", json=small_job("logs", steps=80, max_workers=2)).json()
     path = f"/v1/jobs/{job['id']}/logs"

@@ -98,7 +98,7 @@ def assert_blamed_on_the_code(job: dict[str, Any], api: httpx.Client, redis_url:
 @pytest.mark.parametrize(
     ("delay", "peer_delay", "recorded"),
     [
-        pytest.param("0", "3", "no", id="its-exit-first"),
+        pytest.param("0", "3", "no", id="its-exit-first", marks=pytest.mark.extended),
         pytest.param("0.5", "0", "yes", id="its-exit-last-error-file"),
         # the same order as the second, seconds apart: the slow suite's (28 s)
         pytest.param("4", "0", "no", id="its-exit-seconds-after", marks=pytest.mark.slow),
@@ -121,6 +121,7 @@ def test_the_rank_that_raised_is_named_whatever_order_the_exits_arrive_in(
     assert "ValueError: step 5: bad batch shape (4, 7)" in job["history"][-1]["reason"]
 
 
+@pytest.mark.extended  # tests/detector/test_script_root_cause.py names signals from their reports
 def test_a_rank_killed_by_sigsegv_is_named_with_the_signal(
     stack: Stack, api: httpx.Client, tmp_path: Path, redis_url: str
 ) -> None:

@@ -13,6 +13,7 @@ from unicron.cli.stack import Stack
 from tests.e2e.conftest import get_job, small_job, wait_for, wait_terminal
 
 
+@pytest.mark.extended  # every story below runs a job to its end too
 def test_job_runs_to_success(api: httpx.Client) -> None:
     job = api.post("/v1/jobs", json=small_job("lifecycle", steps=30)).json()
     assert job["state"] == "PENDING"
@@ -37,6 +38,7 @@ def _kill_rank(api: httpx.Client, job_id: str, rank: int, at_step: int) -> int:
     return int(pid)
 
 
+@pytest.mark.extended  # test_detection.py kills a rank of four on the same stack
 def test_sigkilled_worker_is_detected_and_job_finishes(api: httpx.Client) -> None:
     job = api.post("/v1/jobs", json=small_job("crash", steps=60)).json()
     _kill_rank(api, job["id"], rank=1, at_step=15)
@@ -73,11 +75,17 @@ def test_two_jobs_share_the_slots(api: httpx.Client) -> None:
         assert wait_terminal(api, job["id"])["state"] == "SUCCEEDED"
 
 
-# The api holds no state of its own (every route reads Redis): its restart is the slow suite's,
-# to keep `make test` under its 15 minutes.
+# The executor's restart, mid-transition, is the one `make test` keeps: the planner's and the
+# detector's are CI's extended suite, and the api, which holds no state of its own (every route
+# reads Redis), the slow suite's — to keep `make test` under its 15 minutes.
 @pytest.mark.parametrize(
     "service",
-    ["planner", "executor", "detector", pytest.param("api", marks=pytest.mark.slow)],
+    [
+        pytest.param("planner", marks=pytest.mark.extended),
+        "executor",
+        pytest.param("detector", marks=pytest.mark.extended),
+        pytest.param("api", marks=pytest.mark.slow),
+    ],
 )
 def test_control_plane_restart_loses_nothing(stack: Stack, service: str) -> None:
     client = httpx.Client(base_url=stack.api_url, timeout=10)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 import yaml
 from unicron.cli.stack import Stack
@@ -44,6 +45,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return dict(state["model"])
 
 
+@pytest.mark.extended  # tests/trainer/test_train_api.py heals the same script exactly
 def test_an_api_script_heals_in_place_and_ends_with_failure_free_weights(
     stack: Stack, api: httpx.Client, tmp_path: Path
 ) -> None:

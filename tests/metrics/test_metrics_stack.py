@@ -12,14 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
-from unicron.cli.stack import Stack, StackConfig
+from unicron.cli.stack import Stack
 from unicron.shared.bus.api import Outgoing
 from unicron.shared.bus.bus import Bus
-from unicron.shared.procs import free_port
-from unicron.shared.servers.embedded import start_nats, start_redis
 
 from tests.e2e.conftest import get_job, small_job
 from tests.metrics.scrape import Samples, scrape, total, value
+from tests.stacks import stack_on_own_servers
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,18 +28,8 @@ SERVICES = {"api", "detector", "planner", "executor", "agent-node-0"}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("metrics")
-    nats, redis = start_nats(root / "nats"), start_redis(root / "redis")
-    config = StackConfig(
-        nodes=1, slots=2, nats_url=nats.url, redis_url=redis.url, api_port=free_port(),
-        data_dir=root / "stack",
-    )  # fmt: skip
-    try:
-        with Stack(config) as running:
-            yield running
-    finally:
-        nats.stop()
-        redis.stop()
+    with stack_on_own_servers(tmp_path_factory.mktemp("metrics"), nodes=1, slots=2) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -119,6 +119,7 @@ def test_a_rank_whose_transfer_failed_takes_the_object_stores_copy(
         assert torch.equal(model.state_dict()[name], tensor), name
 
 
+@pytest.mark.extended  # the tests above write and read the same objects
 def test_a_restart_on_nodes_that_kept_nothing_resumes_from_object_storage(
     s3_env: dict[str, str],
 ) -> None:

@@ -16,12 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
-from unicron.cli.stack import Stack, StackConfig
-from unicron.shared.procs import free_port
-from unicron.shared.servers.embedded import start_nats, start_redis
+from unicron.cli.stack import Stack
 
 from tests.api.factories import ADMIN, TOKENS, bearer
 from tests.e2e.conftest import small_job
+from tests.stacks import stack_on_own_servers
 from tests.waiting import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -48,23 +47,11 @@ expect.set_options(timeout=WAIT_MS)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tokens = {"UNICRON_API_TOKENS": json.dumps(TOKENS)}
     root = tmp_path_factory.mktemp("dashboard")
-    nats, redis = start_nats(root / "nats"), start_redis(root / "redis")
-    config = StackConfig(
-        nodes=2,
-        slots=1,  # a job on two ranks: half the torch processes of 2 x 2, for the same story
-        nats_url=nats.url,
-        redis_url=redis.url,
-        api_port=free_port(),
-        data_dir=root / "stack",
-        extra_env={"UNICRON_API_TOKENS": json.dumps(TOKENS)},
-    )
-    try:
-        with Stack(config) as running:
-            yield running
-    finally:
-        nats.stop()
-        redis.stop()
+    # a job on two ranks: half the torch processes of 2 x 2, for the same story
+    with stack_on_own_servers(root, nodes=2, slots=1, extra_env=tokens) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
