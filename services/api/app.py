@@ -95,7 +95,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         generate_unique_id_function=operation_id,
     )
     app.state.settings = settings
-    app.state.metrics = ApiMetrics()
+    app.state.metrics = ApiMetrics(settings.metrics_ended_jobs_s)
     for module in V1_ROUTERS:
         app.include_router(
             module.router, dependencies=[Depends(authenticate)], responses=errors.errors(401, 503)

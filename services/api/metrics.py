@@ -1,4 +1,5 @@
-"""Prometheus metrics of the API: requests and latency by route, jobs and nodes by state.
+"""Prometheus metrics of the API: requests and latency by route, jobs and nodes by state, and
+each node's and recent job's state (services/api/state_metrics.py).
 
 Each app owns its registry, so several apps in one process (the tests) never collide on
 metric names. Requests are labelled by route template, never by raw path, which would give
@@ -14,14 +15,15 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from unicron.shared.contracts.models import JobBase, JobState, NodeRecord, NodeState
+from unicron.services.api.state_metrics import ENDED_JOBS_S, StateCollector
+from unicron.shared.contracts.models import JobState, JobSummary, NodeRecord, NodeState
 from unicron.shared.metrics import ServiceMetrics
 
 UNMATCHED = "<unmatched>"
 
 
 class ApiMetrics:
-    def __init__(self) -> None:
+    def __init__(self, ended_jobs_s: float = ENDED_JOBS_S) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "unicron_api_requests",
@@ -43,16 +45,20 @@ class ApiMetrics:
             "unicron_nodes", "Nodes by state, read from Redis when scraped", ["state"],
             registry=self.registry,
         )  # fmt: skip
+        self.states = StateCollector(ended_jobs_s)
+        self.registry.register(self.states)
 
     def set_nodes(self, nodes: Sequence[NodeRecord]) -> None:
         counts = Tally(node.state for node in nodes)
         for state in NodeState:
             self.nodes.labels(state.value).set(counts.get(state, 0))
+        self.states.set_nodes(nodes)
 
-    def set_jobs(self, jobs: Sequence[JobBase]) -> None:
+    def set_jobs(self, jobs: Sequence[JobSummary]) -> None:
         counts = Tally(job.state for job in jobs)
         for state in JobState:
             self.jobs.labels(state.value).set(counts.get(state, 0))
+        self.states.set_jobs(jobs)
 
     def render(self, bus: ServiceMetrics | None = None) -> bytes:
         """This app's metrics, then its bus's."""

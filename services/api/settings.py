@@ -45,6 +45,10 @@ class ApiSettings(CommonSettings):
     # (shared/bus/streamsetup.py).
     events_max_age_s: float = Field(7 * 86400.0, ge=0, le=10 * 365 * 86400, allow_inf_nan=False)
     events_max_bytes: int = Field(1 << 30, ge=0)
+    # /metrics shows a finished job's unicron_job_state this long after it ended, so an alert
+    # on it (UnicronJobFailed) fires, and the series stay bounded by the live jobs and the
+    # recent ones (services/api/state_metrics.py). 0: unfinished jobs only.
+    metrics_ended_jobs_s: float = Field(3600.0, ge=0, le=7 * 86400, allow_inf_nan=False)
     # Webhooks (webhook_delivery.py): a failed POST is retried after a back-off drawn below
     # base * 2**n seconds, at most cap, until give-up time or attempts, then dead-lettered. The
     # defaults ride out a receiver away for minutes and notice its return within seconds.

@@ -48,4 +48,7 @@ async def test_metrics_count_requests_by_route_and_jobs_by_state(
     assert f'unicron_api_requests_total{{method="GET",{route},status="200"}} 1.0' in text
     assert f'unicron_api_requests_total{{method="GET",{route},status="404"}} 1.0' in text
     assert 'unicron_api_request_duration_seconds_count{method="POST",route="/v1/jobs"} 1.0' in text
-    assert job["id"] not in text  # labels are route templates, never raw paths
+    requests = [line for line in text.splitlines() if line.startswith("unicron_api_request")]
+    assert not [line for line in requests if job["id"] in line]  # route templates, not paths
+    # the job's own state gauge is where its id belongs (services/api/state_metrics.py)
+    assert f'unicron_job_state{{job="{job["id"]}",name="m",state="PENDING"}} 1.0' in text

@@ -57,6 +57,9 @@ async def readyz(response: Response, bus: BusDep, state: StateDep) -> Readiness:
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(state: StateDep, bus: BusDep, api_metrics: MetricsDep) -> Response:
     try:
+        # Every summary in the job index (unfinished, and finished within the store's
+        # retention): the index is by submission time, with no index by state or end time to
+        # read only the recent ones; a summary is small whatever the job's size.
         jobs, nodes = await asyncio.wait_for(
             asyncio.gather(job_summaries(state), state.list_nodes()), PING_TIMEOUT_S * 4
         )
