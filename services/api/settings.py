@@ -57,6 +57,12 @@ class ApiSettings(CommonSettings):
     webhook_give_up_s: float = Field(600.0, gt=0, le=7 * 86400, allow_inf_nan=False)
     webhook_max_attempts: int = Field(1000, ge=1)
     webhook_timeout_s: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
+    # Each replica reads every webhook from Redis this often and starts or stops delivering to
+    # match (webhook_sync.py): the bound on how long a lost change notice goes unnoticed.
+    webhook_reconcile_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    # The most webhooks one tenant's user tokens may have: each is a consumer on the event
+    # stream and a delivery task in every replica. Admins' webhooks are not counted.
+    webhooks_per_tenant: int = Field(20, ge=0, le=10_000)
 
     @field_validator("api_tokens")
     @classmethod

@@ -33,6 +33,7 @@ from unicron.shared.contracts.messages import (
 )
 from unicron.shared.contracts.reports import REPORT_SUBJECT_PREFIX
 from unicron.shared.contracts.roles import ServiceRole, ServiceUser, agent_user
+from unicron.shared.contracts.webhooks import WEBHOOKS_CHANGED_SUBJECT
 
 # The stream behind the packages' object store.
 PACKAGES = f"OBJ_{PACKAGES_BUCKET}"
@@ -96,7 +97,7 @@ def _publishes(user: ServiceUser) -> list[str]:
         return [
             *_events(ev.JobSubmitted, ev.JobStateChanged), _ALL_COMMANDS, logs_subject("*"),
             "$JS.API.>", f"$O.{PACKAGES_BUCKET}.>", f"$JS.FC.{EVENTS}.>", f"$JS.FC.{PACKAGES}.>",
-            f"$JS.ACK.{EVENTS}.>",
+            f"$JS.ACK.{EVENTS}.>", WEBHOOKS_CHANGED_SUBJECT,
         ]  # fmt: skip
     if role == ServiceRole.DETECTOR:
         failures = _events(ev.FailureDetected, ev.JobStateChanged, ev.NodeLost, ev.NodeStateChanged)
@@ -148,6 +149,8 @@ def permissions(user: ServiceUser) -> Permissions:
     publish = [*_publishes(user), DEADLETTER_SUBJECT, *_LOOKUP]
     sends, reads = _lanes(user, publish)
     publish += sends
+    if user.role == ServiceRole.API:  # its replicas tell each other of webhooks added, deleted
+        reads.append(WEBHOOKS_CHANGED_SUBJECT)
     if user.role != ServiceRole.AGENT:
         return Permissions(publish=publish, subscribe=[inbox, *reads])
     assert user.node_id is not None

@@ -27,6 +27,9 @@ from unicron.shared.contracts.events import EVENT_SUBJECT_PREFIX, EVENT_TYPES, C
 MIN_SECRET_CHARS = 16
 # The dead letters a webhook's status keeps to show; older ones are counted, not kept.
 RECENT_DEAD_LETTERS = 20
+# Core NATS (not stored): an API replica that added or deleted a webhook tells the others, which
+# then read that webhook's record; a notice lost is made good by their periodic reconcile.
+WEBHOOKS_CHANGED_SUBJECT = "unicron.webhooks.changed"
 
 
 class EventFilter(BaseModel):
@@ -114,8 +117,16 @@ class Webhook(WebhookSpec):
         return None if secret is None else secret.get_secret_value()
 
 
+class WebhookChanged(BaseModel):
+    """The notice on ``WEBHOOKS_CHANGED_SUBJECT``: this webhook was added or deleted; its
+    record in Redis says which."""
+
+    webhook_id: str
+
+
 class WebhookDeadLetter(BaseModel):
-    """An event a webhook gave up on, and why."""
+    """An event a webhook gave up on, and why: kept in the webhook's status, and the payload
+    of its ``DeadLetter`` on ``unicron.deadletter``."""
 
     webhook_id: str
     event_id: str

@@ -4,6 +4,9 @@ One hash holds every webhook (``<prefix>webhooks``: id -> JSON record), so whoev
 them rebuilds its consumers from one read on start. Each webhook's status is a hash of its own
 (``<prefix>webhook:<id>:status``), changed field by field, so that a delivery never rewrites the
 record, and its recent dead letters a capped list (``<prefix>webhook:<id>:dead``).
+
+A user's webhook is stored only while its tenant's users have fewer than their cap: one Lua
+script counts and adds, so two requests at once cannot both take the last place.
 """
 
 from __future__ import annotations
@@ -17,6 +20,17 @@ from unicron.shared.contracts.webhooks import (
 )
 from unicron.shared.store.records import parse_each
 
+# KEYS[1]: every webhook; ARGV: the new one's id, its record, its tenant, the cap. 1: stored.
+PUT_WITHIN_SCRIPT = """
+local held = 0
+for _, raw in ipairs(redis.call('HVALS', KEYS[1])) do
+  local webhook = cjson.decode(raw)
+  if webhook['admin'] == false and webhook['tenant'] == ARGV[3] then held = held + 1 end
+end
+if held >= tonumber(ARGV[4]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
 _COUNTS = ("delivered", "consecutive_failures", "dead_letters")
 _TIMES = ("last_success_at", "last_error_at")
 
@@ -26,6 +40,7 @@ class WebhookStore:
         self._redis = client
         self._all = f"{prefix}webhooks"
         self._prefix = prefix
+        self._put_within = client.register_script(PUT_WITHIN_SCRIPT)
 
     def _status_key(self, webhook_id: str) -> str:
         return f"{self._prefix}webhook:{webhook_id}:status"
@@ -35,6 +50,13 @@ class WebhookStore:
 
     async def put(self, webhook: Webhook) -> None:
         await self._redis.hset(self._all, webhook.id, webhook.model_dump_json())
+
+    async def put_within(self, webhook: Webhook, per_tenant: int) -> bool:
+        """Store a user's new webhook unless its tenant's users already have ``per_tenant``
+        webhooks (an admin's are not counted); False: nothing was stored."""
+        assert not webhook.admin and webhook.tenant is not None, "only a user's is counted"
+        args: list[str | int] = [webhook.id, webhook.model_dump_json(), webhook.tenant, per_tenant]
+        return bool(await self._put_within(keys=[self._all], args=args))
 
     async def get(self, webhook_id: str) -> Webhook | None:
         raw = await self._redis.hget(self._all, webhook_id)
