@@ -33,6 +33,7 @@ from unicron.services.api.routes import (
 )
 from unicron.services.api.settings import ApiSettings
 from unicron.services.api.webhook_delivery import WebhookDeliverer
+from unicron.services.api.webhook_sync import WebhookSync
 from unicron.shared.bus.bus import Bus
 from unicron.shared.bus.streams import EVENTS_STREAM
 from unicron.shared.bus.streamsetup import StreamLimits, apply_limits
@@ -69,16 +70,17 @@ def _lifespan(settings: ApiSettings) -> Any:
         app.state.bus, app.state.store = bus, store
         limits = StreamLimits(settings.events_max_age_s, settings.events_max_bytes)
         await apply_limits(bus.js, EVENTS_STREAM, limits)
-        app.state.webhook_store = WebhookStore(store.redis)
-        deliverer = WebhookDeliverer(bus.js, store, app.state.webhook_store, settings)
-        app.state.webhook_deliverer = deliverer
-        await deliverer.start()
+        webhooks = app.state.webhook_store = WebhookStore(store.redis)
+        deliverer = WebhookDeliverer(bus, store, webhooks, settings)
+        sync = WebhookSync(bus, webhooks, deliverer, settings.webhook_reconcile_s)
+        app.state.webhook_deliverer, app.state.webhook_sync = deliverer, sync
+        await sync.start()  # every stored webhook delivered again: their consumers kept their place
         log.info("api connected", nats=settings.nats_url, redis=redacted(settings.redis_url))
         try:
             yield
         finally:
             # Draining NATS waits on a server that may be gone; shutdown must not hang on it.
-            for close in (deliverer.close, bus.close, store.close):
+            for close in (sync.close, deliverer.close, bus.close, store.close):
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
 

@@ -2,46 +2,35 @@
 
 Each webhook reads ``UNICRON_EVENTS`` through a durable JetStream pull consumer of its own
 (``webhook-<id>``, filtered on its types), made when the webhook is posted, deleted with it, and
-made again on start for every stored webhook, so Redis holds all there is to rebuild. The
-consumer hands out one message at a time (``max_ack_pending=1``): several API replicas may pull
-from it and the receiver still gets the events in order.
+made again on start for every stored webhook, so Redis holds all there is to rebuild. Every API
+replica delivers every webhook (services/api/webhook_sync.py tells each of the others' changes);
+the consumer hands out one message at a time (``max_ack_pending=1``), so the replicas pulling
+from it still give the receiver the events in order, and when one stops another goes on.
 
-A message is held until its receiver took it: each failed POST is retried after an
-exponential back-off with full jitter (``UNICRON_WEBHOOK_RETRY_*``), while the message is kept
-from redelivery with ``in_progress``. A 2xx is success; a redirect, or a 4xx other than 408 and
-429, is the receiver refusing the event, which is dead-lettered at once; anything else (a 5xx,
-no connection, a timeout) is retried until the give-up time or attempt count, then
-dead-lettered with its last error, and the next event goes. The message is acked only after
-that, so an event whose POST succeeded but whose ack was lost comes again: receivers dedupe by
-``X-Unicron-Event-Id``.
+A message is held until its receiver took it: the POST is retried (services/api/webhook_post.py)
+while the message is kept from redelivery with ``in_progress``. An event the receiver refused,
+or that outlived the give-up time, is dead-lettered: into the webhook's status, and onto
+``unicron.deadletter`` with every other service's dead letters; then the next event goes. A
+success is acked before its count is written, a dead letter only once it is kept, so an event
+whose ack was lost comes again: receivers dedupe by ``X-Unicron-Event-Id``. A replica that stops
+hands its held message back at once; one that dies, after ``ACK_WAIT_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
-from dataclasses import dataclass
 
-import httpx
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_random_exponential,
-)
 from unicron.services.api.access import Caller
 from unicron.services.api.eventscope import Visible, visibility
 from unicron.services.api.settings import ApiSettings
 from unicron.services.api.webhook_formats import render
-from unicron.shared.bus.bus import parse_event
+from unicron.services.api.webhook_post import USER_AGENT, Poster, signature
+from unicron.shared.bus.bus import Bus, parse_event
 from unicron.shared.bus.delivery import PARSE_ERRORS
 from unicron.shared.bus.streams import EVENTS_STREAM
 from unicron.shared.contracts.events import CloudEvent
@@ -58,46 +47,10 @@ log = get_logger(component="api.webhooks")
 # deliverer renews it every third of that, however long the receiver stays away.
 ACK_WAIT_S = 30.0
 FETCH_WAIT_S = 5.0
-# Retried: the receiver may take the event later. Other 4xx mean it never will.
-RETRIED_4XX = (408, 429)
-USER_AGENT = "unicron-webhooks"
-
-
-class DeliveryRefusedError(Exception):
-    """The receiver refused the event (a 4xx, a redirect): retrying cannot help."""
-
-
-class DeliveryFailedError(Exception):
-    """No answer, or a 5xx: the receiver may take the event on a later attempt."""
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long one event is retried: the back-off ``base_s * 2**n`` (at most ``cap_s``),
-    drawn at random below it, until ``give_up_s`` or ``max_attempts``."""
-
-    base_s: float
-    cap_s: float
-    give_up_s: float
-    max_attempts: int
-
-    @classmethod
-    def of(cls, settings: ApiSettings) -> RetryPolicy:
-        return cls(
-            settings.webhook_retry_base_s,
-            settings.webhook_retry_cap_s,
-            settings.webhook_give_up_s,
-            settings.webhook_max_attempts,
-        )
 
 
 def consumer_name(webhook_id: str) -> str:
     return f"webhook-{webhook_id}"
-
-
-def signature(secret: str, body: bytes) -> str:
-    """The ``X-Unicron-Signature`` of ``body``: a receiver recomputes it to check the sender."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
 def _consumer_config(webhook: Webhook) -> ConsumerConfig:
@@ -118,40 +71,59 @@ class WebhookDeliverer:
     """The webhooks' delivery tasks of one API process."""
 
     def __init__(
-        self, js: JetStreamContext, state: StateStore, webhooks: WebhookStore, settings: ApiSettings
+        self, bus: Bus, state: StateStore, webhooks: WebhookStore, settings: ApiSettings
     ) -> None:
-        self._js, self._state, self._webhooks = js, state, webhooks
-        self._retry = RetryPolicy.of(settings)
+        self._bus, self._js, self._state, self._webhooks = bus, bus.js, state, webhooks
+        self._poster = Poster(webhooks, settings)
         self._external_url = f"http://{settings.api_host}:{settings.api_port}"
-        self._http = httpx.AsyncClient(
-            follow_redirects=False, timeout=settings.webhook_timeout_s, trust_env=False
-        )
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # One change of what this process delivers at a time: a notice, the reconcile and a
+        # request may all follow or drop the same webhook at once.
+        self._changing = asyncio.Lock()
 
-    async def start(self) -> None:
-        """Deliver every stored webhook again (their consumers kept their place)."""
-        for webhook in await self._webhooks.all():
-            await self.add(webhook)
+    @property
+    def following(self) -> frozenset[str]:
+        """The ids of the webhooks this process delivers now."""
+        return frozenset(self._tasks)
 
-    async def add(self, webhook: Webhook) -> None:
-        """Make the webhook's consumer (from now on) and start delivering to it."""
-        await self._js.add_consumer(EVENTS_STREAM, _consumer_config(webhook))
-        if webhook.id not in self._tasks:
+    async def follow(self, webhook: Webhook) -> bool:
+        """Deliver ``webhook`` from this process too, making its consumer (from now on) if it
+        has none; idempotent. False when it was deleted meanwhile: then nothing runs."""
+        async with self._changing:
+            if webhook.id in self._tasks:
+                return True
+            await self._js.add_consumer(EVENTS_STREAM, _consumer_config(webhook))
+            # Read again once the consumer exists: a DELETE forgets the record before it
+            # deletes the consumer, so either this sees it gone, or that deletes this consumer.
+            if await self._webhooks.get(webhook.id) is None:
+                await self._delete_consumer(webhook.id)
+                return False
             task = asyncio.create_task(self._run(webhook), name=f"webhook-{webhook.id}")
             self._tasks[webhook.id] = task
-            task.add_done_callback(lambda _: self._tasks.pop(webhook.id, None))
+            task.add_done_callback(self._forget_task)
+            return True
 
-    async def remove(self, webhook_id: str) -> None:
-        """Stop delivering and delete the consumer: nothing more goes out."""
-        task = self._tasks.get(webhook_id)
-        if task is not None:
-            await cancel_and_wait([task], f"webhook {webhook_id}")
-        with contextlib.suppress(NotFoundError):
-            await self._js.delete_consumer(EVENTS_STREAM, consumer_name(webhook_id))
+    async def drop(self, webhook_id: str) -> None:
+        """Stop delivering and delete the consumer: nothing more goes out. Idempotent."""
+        async with self._changing:
+            task = self._tasks.get(webhook_id)
+            if task is not None:
+                await cancel_and_wait([task], f"webhook {webhook_id}")
+            await self._delete_consumer(webhook_id)
 
     async def close(self) -> None:
         await cancel_and_wait(list(self._tasks.values()), "webhook deliveries")
-        await self._http.aclose()
+        await self._poster.close()
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        # By identity: a task that ended may already have a successor under its webhook's id.
+        for webhook_id, running in list(self._tasks.items()):
+            if running is task:
+                del self._tasks[webhook_id]
+
+    async def _delete_consumer(self, webhook_id: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self._js.delete_consumer(EVENTS_STREAM, consumer_name(webhook_id))
 
     async def _run(self, webhook: Webhook) -> None:
         owner = Caller(role="admin" if webhook.admin else "user", tenant=webhook.tenant)
@@ -179,6 +151,8 @@ class WebhookDeliverer:
         replica, say); its consumer is made again if NATS lost it; an outage is waited out."""
         try:
             if await self._webhooks.get(webhook.id) is None:
+                # This task may have made the consumer again just as the DELETE deleted it.
+                await self._delete_consumer(webhook.id)
                 return False
             if isinstance(exc, NotFoundError):
                 await self._js.add_consumer(EVENTS_STREAM, _consumer_config(webhook))
@@ -199,8 +173,15 @@ class WebhookDeliverer:
         try:
             if webhook.matches(event) and await visible(event):
                 await self._deliver(webhook, event, msg)
-            await msg.ack()
+            else:
+                await msg.ack()
             outage.ok()
+        except asyncio.CancelledError:
+            # This process stops delivering it: another replica takes the message now rather
+            # than after ACK_WAIT_S (a message already acked ignores this).
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            raise
         except Exception as exc:  # Redis or NATS away: the server hands the message back
             outage.failed(exc)
             with contextlib.suppress(Exception):
@@ -218,65 +199,27 @@ class WebhookDeliverer:
             headers["X-Unicron-Signature"] = signature(webhook.secret.get_secret_value(), body)
         keep = asyncio.create_task(_keep_held(msg))
         try:
-            attempts, failure = await self._send(webhook, body, headers)
+            attempts, failure = await self._poster.send(webhook, body, headers)
         finally:
             await cancel_and_wait([keep], "webhook message keep-alive")
         if failure is None:
+            await msg.ack()  # first: a replica stopping now must not send it again
             await self._webhooks.delivered(webhook.id, now())
             return
         letter = WebhookDeadLetter(
             webhook_id=webhook.id, event_id=event.id, event_type=event.type, reason=failure,
             attempts=attempts, at=now(),
         )  # fmt: skip
-        log.warning("webhook event dead-lettered", webhook_id=webhook.id, event_id=event.id,
-                    reason=failure, attempts=attempts)  # fmt: skip
+        await self._dead_letter(letter, msg.subject)
+        await msg.ack()  # last: a letter lost on the way is made again from the redelivery
+
+    async def _dead_letter(self, letter: WebhookDeadLetter, subject: str) -> None:
+        """Keep ``letter`` in the webhook's status, and on the dead-letter stream, which the
+        bus's helper also counts in ``unicron_dead_letters_total{service="api"}``."""
         await self._webhooks.dead_lettered(letter)
-
-    async def _send(
-        self, webhook: Webhook, body: bytes, headers: dict[str, str]
-    ) -> tuple[int, str | None]:
-        """POST until the receiver takes it: (attempts, None), or (attempts, why it failed)."""
-        policy, attempts = self._retry, 0
-        retrying = AsyncRetrying(
-            wait=wait_random_exponential(multiplier=policy.base_s, max=policy.cap_s),
-            stop=stop_after_delay(policy.give_up_s) | stop_after_attempt(policy.max_attempts),
-            retry=retry_if_exception_type(DeliveryFailedError),
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    await self._post(webhook, body, headers)
-        except DeliveryFailedError as exc:
-            return attempts, f"gave up after {attempts} attempts; last: {exc}"
-        except DeliveryRefusedError as exc:
-            return attempts, str(exc)
-        return attempts, None
-
-    async def _post(self, webhook: Webhook, body: bytes, headers: dict[str, str]) -> None:
-        try:
-            try:
-                response = await self._http.post(str(webhook.url), content=body, headers=headers)
-            except httpx.HTTPError as exc:
-                raise DeliveryFailedError(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
-            _check_answer(response)
-        except (DeliveryFailedError, DeliveryRefusedError) as exc:
-            await self._webhooks.failed(webhook.id, str(exc), now())
-            raise
-
-
-def _check_answer(response: httpx.Response) -> None:
-    code = response.status_code
-    if response.is_success:
-        return
-    if response.is_redirect:
-        where = response.headers.get("location")
-        raise DeliveryRefusedError(f"answered {code} to {where!r}: redirects are not followed")
-    text = response.text[:200]
-    if 400 <= code < 500 and code not in RETRIED_4XX:
-        raise DeliveryRefusedError(f"the receiver refused the event: {code} {text}")
-    raise DeliveryFailedError(f"answered {code} {text}".rstrip())
+        reason = f"webhook {letter.webhook_id}: {letter.reason}"
+        payload = letter.model_dump_json().encode()
+        await self._bus.dead_letter(subject, payload, reason, letter.attempts)
 
 
 async def _keep_held(msg: Msg) -> None:

@@ -26,7 +26,7 @@ OPERATIONS = {
     "calibration-get": ("get", "/v1/calibration", {401, 404, 503}),
     "events-stream": ("get", "/v1/events", {400, 401, 403, 404, 422, 503}),
     "webhooks-list": ("get", "/v1/webhooks", {401, 503}),
-    "webhooks-create": ("post", "/v1/webhooks", {401, 403, 404, 422, 503}),
+    "webhooks-create": ("post", "/v1/webhooks", {401, 403, 404, 409, 422, 503}),
     "webhooks-get": ("get", "/v1/webhooks/{webhook_id}", {401, 404, 422, 503}),
     "webhooks-delete": ("delete", "/v1/webhooks/{webhook_id}", {401, 404, 422, 503}),
     "health-livez": ("get", "/livez", set()),
