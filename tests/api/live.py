@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import uvicorn
+from fastapi import FastAPI
 from unicron.services.api.app import create_app
 from unicron.services.api.settings import ApiSettings
 from unicron.shared.procs import free_port
@@ -21,6 +22,13 @@ T = TypeVar("T")
 @contextmanager
 def serve_api(nats_url: str, redis_url: str, **settings: Any) -> Iterator[str]:
     """Serve the API until the block ends; yields its base URL."""
+    with serve_app(nats_url, redis_url, **settings) as (url, _):
+        yield url
+
+
+@contextmanager
+def serve_app(nats_url: str, redis_url: str, **settings: Any) -> Iterator[tuple[str, FastAPI]]:
+    """:func:`serve_api`, yielding the app too: a test may look at what its lifespan holds."""
     port = free_port()
     api_settings = ApiSettings(
         nats_url=nats_url,
@@ -29,8 +37,9 @@ def serve_api(nats_url: str, redis_url: str, **settings: Any) -> Iterator[str]:
         api_connect_timeout_s=5.0,
         **settings,
     )
+    app = create_app(api_settings)
     config = uvicorn.Config(
-        create_app(api_settings),
+        app,
         host="127.0.0.1",
         port=port,
         log_level="warning",
@@ -45,7 +54,7 @@ def serve_api(nats_url: str, redis_url: str, **settings: Any) -> Iterator[str]:
             raise RuntimeError("the API server did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", app
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -1,5 +1,6 @@
 """Webhooks through a real API over real NATS and Redis, to a real HTTP receiver: who may manage
-which, what each format looks like, the signature, dead letters, and that a DELETE stops them."""
+which, what each format looks like, the signature, dead letters (in the webhook's status and on
+the dead-letter stream), and that a DELETE stops them."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from cloudevents.core.formats.json import JSONFormat
 from nats.js.errors import NotFoundError
 from unicron.services.api.webhook_delivery import consumer_name
 from unicron.shared.bus.bus import Bus
-from unicron.shared.bus.streams import EVENTS_STREAM
+from unicron.shared.bus.streams import DEADLETTER_STREAM, EVENTS_STREAM
 from unicron.shared.contracts.events import FailureDetected, JobSubmitted, NodeJoined
+from unicron.shared.contracts.messages import DEADLETTER_SUBJECT, DeadLetter
 from unicron.shared.contracts.models import JobSpec, now
 from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind
+from unicron.shared.contracts.webhooks import WebhookDeadLetter
 from unicron.shared.store.state import StateStore
 
 from tests.api.factories import ADMIN, USER_A, USER_B, bearer, put_job
@@ -186,6 +189,33 @@ async def test_a_failing_receiver_dead_letters_with_the_reason_and_the_next_even
             status = (await client.get(path)).json()["status"]
             assert status["delivered"] == 1 and status["consecutive_failures"] == 0
     receiver.down()
+
+
+async def test_a_refused_event_is_dead_lettered_onto_the_stream_and_counted(
+    client: httpx.AsyncClient, bus: Bus
+) -> None:
+    receiver = Receiver(status=400)
+    try:
+        hook = (await client.post("/v1/webhooks", json={"url": receiver.url})).json()
+        event = await bus.publish_event(submitted("job-1"))
+
+        async def letter_on_stream() -> DeadLetter | None:
+            async for _, raw in bus.read_stream(DEADLETTER_STREAM, [DEADLETTER_SUBJECT]):
+                letter = DeadLetter.model_validate_json(raw)
+                if hook["id"] in letter.payload:
+                    return letter
+            return None
+
+        letter = await eventually(letter_on_stream, timeout_s=20)
+    finally:
+        receiver.down()
+    kept = WebhookDeadLetter.model_validate_json(letter.payload)
+    assert (kept.webhook_id, kept.event_id, kept.attempts) == (hook["id"], event.id, 1)
+    assert "refused" in kept.reason and "400" in kept.reason
+    assert hook["id"] in letter.reason and "400" in letter.reason
+    assert letter.service == "unicron/api" and letter.subject == event.nats_subject
+    metrics = (await client.get("/metrics")).text
+    assert 'unicron_dead_letters_total{service="api"} 1.0' in metrics
 
 
 async def test_a_deleted_webhook_gets_nothing_more_and_loses_its_consumer(
