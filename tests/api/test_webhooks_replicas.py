@@ -4,6 +4,7 @@ stops in the others; and what a lost notice would have said, the reconcile finds
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -20,7 +21,7 @@ from unicron.shared.store.state import StateStore
 from unicron.shared.store.webhooks import WebhookStore
 
 from tests.api.live import eventually, serve_app
-from tests.api.test_webhooks import received, receiver, submitted
+from tests.api.test_webhooks import _at_least, received, receiver, submitted
 from tests.api.webhook_receiver import Receiver
 
 __all__ = ["receiver"]  # fixture
@@ -93,3 +94,28 @@ async def test_the_reconcile_finds_a_webhook_added_or_deleted_without_a_notice(
         await eventually(follows(app, unheard.id, wanted=False))
         with pytest.raises(NotFoundError):
             await bus.js.consumer_info(EVENTS_STREAM, consumer_name(unheard.id))
+
+
+async def test_a_replica_that_stops_while_holding_an_event_hands_it_on_at_once(
+    nats_url: str, redis_url: str, bus: Bus, receiver: Receiver
+) -> None:
+    quick = {**NOTICES_ONLY, "webhook_retry_base_s": 0.05, "webhook_retry_cap_s": 0.2}
+    with contextlib.ExitStack() as outlives_a:
+        with serve_app(nats_url, redis_url, **quick) as (a_url, _):
+            async with httpx.AsyncClient(base_url=a_url, timeout=10) as a:
+                made = await a.post("/v1/webhooks", json={"url": receiver.url})
+                hook_id = made.json()["id"]
+                receiver.down()
+                held = await publish(bus, "job-1")  # A alone runs: A holds it, retrying
+
+                async def failing() -> bool:
+                    status = (await a.get(f"/v1/webhooks/{hook_id}")).json()["status"]
+                    return int(status["consecutive_failures"]) >= 1
+
+                await eventually(failing)
+            _, b_app = outlives_a.enter_context(serve_app(nats_url, redis_url, **quick))
+            assert hook_id in b_app.state.webhook_deliverer.following
+        receiver.up()  # A is gone, still holding the event
+        # Well before ACK_WAIT_S (30 s), after which the server would hand it on by itself.
+        assert await eventually(lambda: _at_least(receiver, 1), timeout_s=10) == held
+    assert receiver.event_ids() == held
