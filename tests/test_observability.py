@@ -152,6 +152,11 @@ def test_the_kubernetes_scrape_config_passes_promtool(tmp_path: Path) -> None:
     [job] = config["scrape_configs"]
     assert job.pop("kubernetes_sd_configs")[0]["role"] == "pod"
     job["static_configs"] = [{"targets": ["10.0.0.1:9101"]}]
+    # the API's /metrics takes an admin token there; promtool checks that its file exists
+    token = job["authorization"]["credentials_file"]
+    assert token.startswith("/etc/prometheus/"), token
+    job["authorization"]["credentials_file"] = str(tmp_path / "token")
+    (tmp_path / "token").write_text("an admin token\n")
     _check_config(tmp_path, yaml.safe_dump(config))
 
 

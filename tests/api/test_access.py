@@ -39,8 +39,19 @@ async def test_every_v1_call_needs_a_valid_token_and_probes_stay_open(
             challenge = response.headers["WWW-Authenticate"]
             assert challenge.startswith("Bearer") and (error is None or error in challenge)
     assert "bearer token" in (await secured.get("/v1/jobs")).json()["detail"]
-    for path in ("/livez", "/readyz", "/metrics"):
+    for path in ("/livez", "/readyz"):
         assert (await secured.get(path)).status_code == 200, path
+
+
+async def test_metrics_name_every_tenants_jobs_so_they_take_an_admin_token(
+    secured: httpx.AsyncClient, state: StateStore
+) -> None:
+    await put_job(state, "job-secret")
+    assert (await secured.get("/metrics")).status_code == 401
+    refused = await secured.get("/metrics", headers=bearer(USER_A))
+    assert refused.status_code == 403 and "admin" in refused.json()["detail"]
+    scraped = await secured.get("/metrics", headers=bearer(ADMIN))
+    assert scraped.status_code == 200 and 'job="job-secret"' in scraped.text
 
 
 async def test_fault_injection_is_for_admins_only(

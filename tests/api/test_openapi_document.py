@@ -31,7 +31,7 @@ OPERATIONS = {
     "webhooks-delete": ("delete", "/v1/webhooks/{webhook_id}", {401, 404, 422, 503}),
     "health-livez": ("get", "/livez", set()),
     "health-readyz": ("get", "/readyz", {503}),
-    "health-metrics": ("get", "/metrics", set()),
+    "health-metrics": ("get", "/metrics", {401, 403}),
 }
 MEDIA_TYPES = {
     "events-stream": "text/event-stream",

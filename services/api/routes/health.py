@@ -1,4 +1,9 @@
-"""Liveness, readiness and Prometheus metrics, outside /v1 where probes expect them."""
+"""Liveness, readiness and Prometheus metrics, outside /v1 where probes expect them.
+
+The probes are open. ``/metrics`` names every tenant's jobs and every node (the state gauges
+the alerts name them by), so where the API has tokens it takes an admin token, which the
+operator's Prometheus sends (deploy/observability/prometheus.yml): a scrape without one is
+refused, so a Prometheus set up without it sees the API down rather than alerts gone quiet."""
 
 from __future__ import annotations
 
@@ -6,10 +11,11 @@ import asyncio
 from typing import Literal
 
 from fastapi import APIRouter, Response, status
-from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
+from unicron.services.api.access import AdminPrincipal
 from unicron.services.api.deps import BusDep, MetricsDep, StateDep
+from unicron.services.api.errors import errors
 from unicron.shared.logging import get_logger
 from unicron.shared.store.summaries import job_summaries
 
@@ -54,8 +60,17 @@ async def readyz(response: Response, bus: BusDep, state: StateDep) -> Readiness:
     return Readiness(status="ready", failed=[], checks=checks)
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(state: StateDep, bus: BusDep, api_metrics: MetricsDep) -> Response:
+# The text format Prometheus reads, and errors as JSON like every other route's.
+METRICS_TEXT = {
+    "description": "the Prometheus text exposition format",
+    "content": {"text/plain": {"schema": {"type": "string"}}},
+}
+
+
+@router.get("/metrics", response_class=Response, responses={200: METRICS_TEXT, **errors(401, 403)})
+async def metrics(
+    state: StateDep, bus: BusDep, api_metrics: MetricsDep, _: AdminPrincipal
+) -> Response:
     try:
         # Every summary in the job index (unfinished, and finished within the store's
         # retention): the index is by submission time, with no index by state or end time to
