@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -78,9 +79,17 @@ class WebhookSync:
         stored = await self._webhooks.all()
         for webhook in stored:
             if webhook.id not in running:
-                await self._deliverer.follow(webhook)
+                await self._each(webhook.id, self._deliverer.follow(webhook))
         for webhook_id in running - {w.id for w in stored}:
-            await self._forget(webhook_id)
+            await self._each(webhook_id, self._forget(webhook_id))
+
+    async def _each(self, webhook_id: str, change: Awaitable[object]) -> None:
+        """One webhook's change: its failure (NATS refusing its consumer, say) must not hold
+        the others back; the next reconcile tries it again."""
+        try:
+            await change
+        except Exception as exc:
+            log.warning("webhook not reconciled", webhook_id=webhook_id, error=repr(exc))
 
     async def _forget(self, webhook_id: str) -> None:
         log.info("webhook deleted elsewhere; delivery stopped", webhook_id=webhook_id)

@@ -1,6 +1,7 @@
 """Webhooks across API replicas, over real NATS and Redis: a webhook posted on one replica is
 delivered by another once the first stops, in order and each once; one deleted on a replica
-stops in the others; and what a lost notice would have said, the reconcile finds in Redis."""
+stops in the others; what a lost notice would have said, the reconcile finds in Redis; and a
+replica that stops while holding an event hands it on at once."""
 
 from __future__ import annotations
 
