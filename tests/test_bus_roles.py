@@ -27,6 +27,7 @@ from unicron.shared.contracts.messages import StopWorkers, command_subject, ping
 from unicron.shared.contracts.models import JobSpec
 from unicron.shared.contracts.reports import WORKER_REPORT, AnyWorkerReport, WorkerExited
 from unicron.shared.contracts.taxonomy import FailureCategory, FailureKind, RecoveryAction, Severity
+from unicron.shared.contracts.webhooks import WEBHOOKS_CHANGED_SUBJECT, WebhookChanged
 from unicron.shared.servers.embedded import EmbeddedServer, start_nats
 
 from tests.secured import (
@@ -90,6 +91,7 @@ async def test_every_role_still_does_its_own_work(
             await detector.publish_event(_failure())
             await agent.dead_letter(command_subject("node-0"), b"{", "unreadable", 1)
             await _answers(agent, detector, api)
+            await _announces(api)
             sha, _ = await put_package(api.js, b"the user's code")
             assert await get_package(agent.js, sha) == b"the user's code"
             await _snapshots(agent, secured, tmp_path)
@@ -108,6 +110,16 @@ def _failure() -> FailureDetected:
         category=FailureCategory.EXITED_ABNORMALLY, severity=Severity.SEV2,
         action=RecoveryAction.RESTART, observed_at=time.time(),
     )  # fmt: skip
+
+
+async def _announces(api: Bus) -> None:
+    """An API replica hears the webhook changes its peers announce (api/webhook_sync.py)."""
+    notices: asyncio.Queue[Msg] = asyncio.Queue()
+    await api.nc.subscribe(WEBHOOKS_CHANGED_SUBJECT, cb=notices.put)
+    await api.nc.flush()
+    notice = WebhookChanged(webhook_id="wh-1").model_dump_json().encode()
+    await api.nc.publish(WEBHOOKS_CHANGED_SUBJECT, notice)
+    assert (await _heard(notices)).data == notice
 
 
 async def _answers(agent: Bus, detector: Bus, api: Bus) -> None:
