@@ -74,7 +74,8 @@ async def create_webhook(
     deliverer: DelivererDep,
     sync: SyncDep,
 ) -> WebhookView:
-    """Deliver every event from now on that ``types`` and ``job_id`` keep (all when unset)."""
+    """Deliver every event from now on that ``types`` and ``job_id`` keep (all when unset).
+    A tenant's users may have ``UNICRON_WEBHOOKS_PER_TENANT`` webhooks; one more is a 409."""
     await check_filter(caller, state, spec)
     webhook = Webhook(
         **dict(spec), id=new_id("wh"), tenant=caller.tenant, admin=caller.admin, created_at=now()
@@ -101,7 +102,7 @@ async def _store(webhooks: WebhookStore, webhook: Webhook, per_tenant: int) -> N
     elif not await webhooks.put_within(webhook, per_tenant):
         raise HTTPException(
             status.HTTP_409_CONFLICT,
-            f"tenant {webhook.tenant!r} has {per_tenant} webhooks, the most allowed "
+            f"tenant {webhook.tenant!r} already has the most webhooks allowed, {per_tenant} "
             "(UNICRON_WEBHOOKS_PER_TENANT): delete one first",
         )
 
