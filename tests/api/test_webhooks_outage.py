@@ -1,6 +1,6 @@
 """THE webhook promise: a receiver that is down for 30 s while events happen, then comes back,
 gets every event, in order, each once — through a real API, NATS and Redis. The 30-s outage is
-in the slow suite; the default suite runs the same test with a 3-s one."""
+in the extended suite (CI runs it); the default suite runs the same test with a 3-s one."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.api.webhook_receiver import Receiver
 EVENTS = 10
 
 
-@pytest.mark.parametrize("outage_s", [3.0, pytest.param(30.0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("outage_s", [3.0, pytest.param(30.0, marks=pytest.mark.extended)])
 async def test_a_receiver_down_then_back_gets_every_event_in_order_once(
     client: httpx.AsyncClient, bus: Bus, outage_s: float
 ) -> None:
