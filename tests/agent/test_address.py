@@ -22,7 +22,7 @@ from unicron.shared.bus.bus import Bus
 from unicron.shared.procs import free_port
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import REPO, agent_env
+from tests.agent.process import REPO, agent_env
 
 MADE_UP_NATS = "nats://10.255.255.1:4222"  # no server there: a connection attempt would hang
 

@@ -30,15 +30,8 @@ from unicron.shared.contracts.reports import (
 from unicron.shared.contracts.workerchannel import FaultDirective
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import (
-    NODE,
-    Heard,
-    directives,
-    node_record,
-    send_start,
-    start_cmd,
-    until,
-)
+from tests.agent.conftest import directives, send_start, start_cmd, until
+from tests.agent.process import NODE, Heard, node_record
 
 STEPPER = "step-20-40-40-0"
 

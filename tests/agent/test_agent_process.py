@@ -34,16 +34,8 @@ from unicron.shared.procs import port_open
 from unicron.shared.servers.embedded import EmbeddedServer, start_nats, start_redis
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import (
-    NODE,
-    Heard,
-    inbox,
-    node_record,
-    record_job,
-    send_start,
-    start_cmd,
-    until,
-)
+from tests.agent.conftest import record_job, send_start, start_cmd, until
+from tests.agent.process import NODE, Heard, inbox, node_record
 
 
 def gone(pid: int) -> bool:

@@ -24,7 +24,8 @@ from unicron.shared.contracts.reports import WorkerExited, WorkerStarted
 from unicron.shared.contracts.workerchannel import FaultDirective
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import NODE, RecordingSink, directives, start_cmd, until
+from tests.agent.conftest import RecordingSink, directives, start_cmd, until
+from tests.agent.process import NODE
 
 STEPPER = "step-20-40-40-0"
 

@@ -23,15 +23,8 @@ from unicron.shared.contracts.reports import REPORT, WorkerExited
 from unicron.shared.servers.embedded import EmbeddedServer
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import (
-    FAKE_WORKER,
-    NODE,
-    inbox,
-    node_record,
-    record_job,
-    start_cmd,
-    until,
-)
+from tests.agent.conftest import record_job, start_cmd, until
+from tests.agent.process import FAKE_WORKER, NODE, inbox, node_record
 
 INTERVAL_S, MISSES = 0.25, 12  # node_timeout_s: 3 s, well above a restart of both servers
 FENCE_BOUND_S = 1.5  # from the deadline to every worker reaped

@@ -31,8 +31,9 @@ from unicron.shared.contracts.models import (
 from unicron.shared.contracts.taxonomy import FailureCategory
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import inbox, until
+from tests.agent.conftest import until
 from tests.agent.fakenvml import BOOT, FakeNvml, Reports, watching
+from tests.agent.process import inbox
 
 H200_UUID = "GPU-ffdc4ba6-2cf9-2de4-19e4-9f0341e99ef6"
 

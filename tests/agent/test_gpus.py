@@ -28,7 +28,8 @@ from unicron.shared.contracts.reports import WorkerException, WorkerExited, Work
 from unicron.shared.contracts.taxonomy import FailureCategory
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import FAKE_WORKER, NODE, RecordingSink, spare_pool, start_cmd, until
+from tests.agent.conftest import RecordingSink, spare_pool, start_cmd, until
+from tests.agent.process import FAKE_WORKER, NODE
 from tests.agent.test_entrypoints import plain_start
 from tests.agent.test_faults import cuda_visible
 

@@ -11,7 +11,8 @@ from unicron.shared.contracts.models import NodeWorker
 from unicron.shared.contracts.reports import REPORT, WorkerStarted
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import NODE, inbox, node_record, send_start, start_cmd
+from tests.agent.conftest import send_start, start_cmd
+from tests.agent.process import NODE, inbox, node_record
 
 
 async def test_a_lost_node_record_comes_back_with_the_workers_it_runs(

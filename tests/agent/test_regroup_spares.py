@@ -40,16 +40,8 @@ from unicron.shared.contracts.reports import (
 from unicron.shared.contracts.workerchannel import ScriptLaunch, SpareLaunch, WorkerLaunch
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import (
-    FAKE_WORKER,
-    NODE,
-    RecordingSink,
-    directives,
-    inbox,
-    spare_pool,
-    start_cmd,
-    until,
-)
+from tests.agent.conftest import RecordingSink, directives, spare_pool, start_cmd, until
+from tests.agent.process import FAKE_WORKER, NODE, inbox
 
 STEPPER = "step-20-40-40-0"
 

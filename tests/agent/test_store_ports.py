@@ -23,7 +23,7 @@ from unicron.shared.contracts.messages import Rendezvous
 from unicron.shared.procs import free_port
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import REPO, agent_env
+from tests.agent.process import REPO, agent_env
 
 
 def _free_pair() -> range:

@@ -16,7 +16,7 @@ from unicron.shared.contracts.events import NodeJoined, TransitionCompleted
 from unicron.shared.contracts.models import Job, JobState, PlanAction, WorkerState
 from unicron.shared.store.state import StateStore
 
-from tests.agent.conftest import NODE
+from tests.agent.process import NODE
 from tests.executor.conftest import Events, apply, fail, job_where, spec
 
 
