@@ -16,14 +16,11 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from unicron.services.agent.metrics import AgentMetrics
-from unicron.services.api.metrics import ApiMetrics
-from unicron.services.detector.metrics import DetectorMetrics
 from unicron.services.executor.metrics import ExecutorMetrics
-from unicron.services.planner.metrics import PlannerMetrics
 from unicron.shared.metrics import ServiceMetrics, serve_metrics
 from unicron.shared.procs import free_port
 
+from tests.metric_catalogue import catalogue, check_query, exported, series_metric
 from tests.waiting import wait_for
 
 OBSERVABILITY = Path(__file__).resolve().parents[1] / "deploy" / "observability"
@@ -35,71 +32,10 @@ POD_NAME = "__meta_kubernetes_pod_label_app_kubernetes_io_name"  # the scrape jo
 KUBERNETES_BEGIN, KUBERNETES_END = "# --- kubernetes: begin ---", "# --- kubernetes: end ---"
 # What Grafana substitutes before a query reaches Prometheus; any other `$` is an undefined one.
 GRAFANA_MACROS = re.compile(r"\$__(rate_interval|interval|range)\b")
-DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
-# prometheus.yml stores a metric's `job` (a training job's id) as `job_id`: Prometheus has its own.
-STORED_LABELS = {"job": "job_id"}
-# Labels Prometheus itself puts on every series: the scrape job and target.
-TARGET_LABELS = {"job", "instance"}
 
 needs_promtool = pytest.mark.skipif(
     shutil.which("promtool") is None, reason="no promtool on PATH (Debian: apt install prometheus)"
 )
-
-
-@functools.cache
-def _catalogue() -> dict[str, frozenset[str]]:
-    """metric -> its labels as Prometheus stores them, from docs/design.md §13's catalogue."""
-    text = DESIGN.read_text()
-    section = text[text.index("## 13. Metrics") :].split("\n## ", 1)[0]
-    found = {}
-    for names, labels in re.findall(r"^\| (`unicron_[^|]*) \|([^|]*)\|", section, re.M):
-        words = re.findall(r"\w+", re.sub(r"\([^)]*\)", "", labels))  # not the (values)
-        for name in re.findall(r"`(unicron_\w+)`", names):
-            found[name] = frozenset(STORED_LABELS.get(word, word) for word in words)
-    assert len(found) >= 20, "docs/design.md's metric catalogue was not found"
-    return found
-
-
-@functools.cache
-def _exported() -> dict[str, str]:
-    """metric -> type, of each metric a service registers, named as the catalogue names it."""
-    registries = [ApiMetrics().registry]
-    for part in (AgentMetrics, DetectorMetrics, ExecutorMetrics, PlannerMetrics):
-        service = ServiceMetrics()
-        service.part(part)
-        registries.append(service.registry)
-    return {
-        family.name + ("_total" if family.type == "counter" else ""): family.type
-        for registry in registries
-        for family in registry.collect()
-    }
-
-
-def _series_metric(series: str) -> str | None:
-    """The catalogue metric a series belongs to (a histogram's by its _bucket, _count, _sum)."""
-    if series in _catalogue() and _exported().get(series) != "histogram":
-        return series
-    base = re.sub(r"_(bucket|count|sum)$", "", series)
-    return base if base in _catalogue() and _exported().get(base) == "histogram" else None
-
-
-def _check_query(expr: str) -> None:
-    """Each metric a query reads is in the catalogue, or is Prometheus's own `up`, and each
-    label it selects or groups by is one those metrics have."""
-    series = set(re.findall(r"\bunicron_\w+", expr))
-    metrics = {name: _series_metric(name) for name in series}
-    unknown = sorted(name for name, metric in metrics.items() if metric is None)
-    assert not unknown, f"not in the catalogue: {unknown} in {expr}"
-    assert series or re.search(r"\bup\{", expr), f"reads no catalogue metric: {expr}"
-    labels = set(TARGET_LABELS)
-    for metric in filter(None, metrics.values()):
-        labels |= _catalogue()[metric] | ({"le"} if _exported()[metric] == "histogram" else set())
-    grouped = re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr)
-    used = {label for group in grouped for label in re.findall(r"\w+", group)}
-    used |= set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", expr))
-    assert used <= labels, f"labels {sorted(used - labels)} not on the metrics of {expr}"
-    if "job_id" in labels:  # then `job`, the scrape job, is a slip for the training job's id
-        assert "job" not in used, f"`job` is the scrape job; the training job is `job_id`: {expr}"
 
 
 def _promtool(*args: str, cwd: Path = OBSERVABILITY) -> str:
@@ -216,11 +152,11 @@ def test_every_alert_waits_has_a_severity_and_says_what_fired_it() -> None:
         for annotation in ("summary", "description"):
             text = rule["annotations"][annotation]
             assert re.search(r"\{\{[^}]*\$(labels\.\w+|value)", text), f"{name} {annotation}"
-        _check_query(rule["expr"])
+        check_query(rule["expr"])
 
 
 def test_the_catalogue_lists_metrics_the_services_register() -> None:
-    missing = sorted(set(_catalogue()) - set(_exported()))
+    missing = sorted(set(catalogue()) - set(exported()))
     assert not missing, f"in docs/design.md's catalogue, registered by no service: {missing}"
 
 
@@ -229,8 +165,8 @@ def test_dashboard_queries_read_only_catalogue_metrics_and_their_labels() -> Non
     assert len(targets) >= 14
     for title, expr in targets:
         assert "$" not in GRAFANA_MACROS.sub("", expr), f"{title}: an undefined variable"
-        _check_query(expr)
-    read = {_series_metric(n) for _, e in targets for n in re.findall(r"unicron_\w+", e)}
+        check_query(expr)
+    read = {series_metric(n) for _, e in targets for n in re.findall(r"unicron_\w+", e)}
     for metric in (
         "unicron_waf", "unicron_jobs", "unicron_failures_total", "unicron_nodes",
         "unicron_detection_latency_seconds", "unicron_recovery_downtime_seconds",
