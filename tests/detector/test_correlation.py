@@ -29,36 +29,43 @@ def reset_by_peer(job: str, rank: int, node: str, gen: int = 1) -> WorkerExcepti
     )  # fmt: skip
 
 
+def exited(
+    job: str, rank: int, node: str, exit_code: int | None, signal: int | None = None
+) -> WorkerExited:
+    """Rank ``rank`` of generation 1 ended (its pid, as in the other reports: 1000 + rank)."""
+    return WorkerExited(
+        node_id=node, job_id=job, generation=1, rank=rank, pid=1000 + rank, exit_code=exit_code,
+        signal=signal,
+    )  # fmt: skip
+
+
+async def on_two_nodes(cluster: Cluster, job: str) -> None:
+    """Nodes node-0 and node-1, and ``job`` with its four ranks on them (``FOUR_RANKS``)."""
+    for node in ("node-0", "node-1"):
+        await cluster.add_node(node)
+    await cluster.add_job(job, FOUR_RANKS)
+
+
 async def test_killed_rank_is_reported_once_not_its_peers(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
 ) -> None:
-    for node in ("node-0", "node-1"):
-        await cluster.add_node(node)
-    await cluster.add_job("job-a", FOUR_RANKS)
+    await on_two_nodes(cluster, "job-a")
     for rank in (0, 2, 3):
         await bus.publish_report(reset_by_peer("job-a", rank, FOUR_RANKS[rank]))
-    await bus.publish_report(
-        WorkerExited(node_id="node-0", job_id="job-a", generation=1, rank=1, pid=1001,
-                     exit_code=None, signal=9)
-    )  # fmt: skip
+    await bus.publish_report(exited("job-a", 1, "node-0", None, signal=9))
     failure = (await next_event(events, "failure.detected")).data
     assert (failure["kind"], failure["rank"], failure["severity"], failure["action"]) == (
         "crash", 1, "SEV2", "restart",
     )  # fmt: skip
     for rank in (0, 2, 3):  # the survivors exit after their errors: still the same fault
-        await bus.publish_report(
-            WorkerExited(node_id=FOUR_RANKS[rank], job_id="job-a", generation=1, rank=rank,
-                         pid=1000 + rank, exit_code=1)
-        )  # fmt: skip
+        await bus.publish_report(exited("job-a", rank, FOUR_RANKS[rank], 1))
     await no_event(events, "failure.detected", within_s=1.0)
 
 
 async def test_connection_errors_alone_are_a_sev3_reattempt(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], state: StateStore
 ) -> None:
-    for node in ("node-0", "node-1"):
-        await cluster.add_node(node)
-    await cluster.add_job("job-b", FOUR_RANKS)
+    await on_two_nodes(cluster, "job-b")
     await bus.publish_report(reset_by_peer("job-b", 2, "node-1"))
     failure = (await next_event(events, "failure.detected")).data
     assert (failure["category"], failure["severity"], failure["action"]) == (
@@ -85,15 +92,10 @@ async def test_a_network_error_the_rank_exits_on_is_restarted_not_reattempted(
 async def test_an_exit_with_code_1_is_blamed_before_its_parked_peers(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
 ) -> None:
-    for node in ("node-0", "node-1"):
-        await cluster.add_node(node)
-    await cluster.add_job("job-e", FOUR_RANKS)
+    await on_two_nodes(cluster, "job-e")
     for rank in (0, 2, 3):  # alive and parked, the in-band reports come first
         await bus.publish_report(reset_by_peer("job-e", rank, FOUR_RANKS[rank]))
-    await bus.publish_report(
-        WorkerExited(node_id="node-0", job_id="job-e", generation=1, rank=1, pid=1001,
-                     exit_code=1)
-    )  # fmt: skip
+    await bus.publish_report(exited("job-e", 1, "node-0", 1))
     failure = (await next_event(events, "failure.detected")).data
     assert (failure["kind"], failure["rank"], failure["action"]) == ("exit", 1, "restart")
 
@@ -108,10 +110,7 @@ async def test_an_exit_with_code_1_is_blamed_before_a_peer_silent_in_the_collect
                    silent_s=0.7, threshold_s=0.6, mean_iteration_s=0.05, process_state="S",
                    phase="collective")
     )  # fmt: skip
-    await bus.publish_report(
-        WorkerExited(node_id="node-0", job_id="job-w", generation=1, rank=1, pid=1001,
-                     exit_code=1)
-    )  # fmt: skip
+    await bus.publish_report(exited("job-w", 1, "node-0", 1))
     failure = (await next_event(events, "failure.detected")).data
     assert (failure["kind"], failure["rank"]) == ("exit", 1)
 
@@ -143,9 +142,7 @@ def hung(job: str, rank: int, node: str, phase: str, state: str = "S") -> Worker
 async def test_hang_names_the_rank_stuck_in_compute(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
 ) -> None:
-    for node in ("node-0", "node-1"):
-        await cluster.add_node(node)
-    await cluster.add_job("job-d", FOUR_RANKS)
+    await on_two_nodes(cluster, "job-d")
     for rank in (0, 1, 3):
         await bus.publish_report(hung("job-d", rank, FOUR_RANKS[rank], "collective"))
     await bus.publish_report(hung("job-d", 2, "node-1", "compute"))
@@ -160,9 +157,7 @@ async def test_hang_waits_for_the_stuck_ranks_own_report_after_its_peers(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent]
 ) -> None:
     # As many peers report as there are nodes: the grace must count ranks, not nodes.
-    for node in ("node-0", "node-1"):
-        await cluster.add_node(node)
-    await cluster.add_job("job-w", FOUR_RANKS)
+    await on_two_nodes(cluster, "job-w")
     for rank in (1, 3):
         await bus.publish_report(hung("job-w", rank, FOUR_RANKS[rank], "collective"))
     await asyncio.sleep(0.3)  # the stopped rank's agent notices a little later
@@ -185,9 +180,7 @@ async def test_stopped_process_is_a_hang_reported_at_once(
 async def test_lost_node_is_the_root_cause_not_the_network(
     cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], state: StateStore
 ) -> None:
-    for node in ("node-0", "node-1"):
-        await cluster.add_node(node)
-    await cluster.add_job("job-f", FOUR_RANKS)
+    await on_two_nodes(cluster, "job-f")
     cluster.kill_agent("node-1")  # heartbeats and pings stop; its workers die with it
     await bus.publish_report(reset_by_peer("job-f", 0, "node-0"))
     lost = (await next_event(events, "node.lost", timeout_s=5.0)).data
@@ -278,10 +271,7 @@ async def test_a_rank_waiting_on_a_slow_peer_is_no_hang_once_the_job_steps_on(
 
     await state.update_job("job-s", stepped)
     await no_event(events, "failure.detected", within_s=1.5)
-    await bus.publish_report(
-        WorkerExited(node_id="node-0", job_id="job-s", generation=1, rank=0, pid=1000,
-                     exit_code=None, signal=9)
-    )  # fmt: skip
+    await bus.publish_report(exited("job-s", 0, "node-0", None, signal=9))
     failure = (await next_event(events, "failure.detected")).data
     assert (failure["kind"], failure["rank"]) == ("crash", 0)
 
@@ -296,9 +286,6 @@ async def test_a_parked_rank_waits_for_the_late_report_of_the_rank_that_left(
     await cluster.add_job("job-l", ["node-0", "node-0"])
     await bus.publish_report(reset_by_peer("job-l", 0, "node-0"))
     await asyncio.sleep(0.5)  # the agent of rank 1 is slow to report
-    await bus.publish_report(
-        WorkerExited(node_id="node-0", job_id="job-l", generation=1, rank=1, pid=1001,
-                     exit_code=42)
-    )  # fmt: skip
+    await bus.publish_report(exited("job-l", 1, "node-0", 42))
     failure = (await next_event(events, "failure.detected")).data
     assert (failure["kind"], failure["rank"], failure["action"]) == ("exit", 1, "restart")
