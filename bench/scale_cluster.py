@@ -30,8 +30,8 @@ from unicron.shared.servers.embedded import (
 )
 
 from bench.harness import DRILL_ENV
-from bench.scale_fleet import FAULT_SUBJECT, REVIVE_SUBJECT
 from bench.scale_probe import Probe
+from bench.scale_wire import FAULT_SUBJECT, REVIVE_SUBJECT
 
 NODES_PER_FLEET = 512
 SLOTS = 8

@@ -11,7 +11,8 @@ and stop when one of them failed.
 The driver reaches the fleets on core NATS: ``bench.scale.fault`` (every fleet: the owner of the
 node injects, the others report as peers), ``bench.scale.revive``, and per fleet
 ``bench.scale.<index>.commands`` (when the commands of a job's generations arrived) and
-``.status``. Run: ``python -m bench.scale_fleet --index 0 --first 0 --count 512 …``.
+``.status`` (their names: ``bench/scale_wire.py``).
+Run: ``python -m bench.scale_fleet --index 0 --first 0 --count 512 …``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import json
 import resource
 import signal
 from collections import defaultdict
-from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -43,28 +43,11 @@ from unicron.shared.logging import configure_logging
 from unicron.shared.store.state import StateStore
 
 from bench.scale_nodes import SimNode
+from bench.scale_wire import FAULT_SUBJECT, JOINED_SUBJECT, REVIVE_SUBJECT, Arrivals, node_name
 
-FAULT_SUBJECT = "bench.scale.fault"
-REVIVE_SUBJECT = "bench.scale.revive"
-JOINED_SUBJECT = "bench.scale.joined"
 PUBLISH_BATCH = 512
 REDIS_AT_ONCE = 32
 Generation = tuple[str, int]
-
-
-def node_name(index: int) -> str:
-    return f"sim-{index:05d}"
-
-
-@dataclass
-class Arrivals:
-    count: int = 0
-    first: float = 0.0
-    last: float = 0.0
-
-    def add(self, at: float) -> None:
-        self.first = self.first or at
-        self.last, self.count = at, self.count + 1
 
 
 class Fleet:
