@@ -79,24 +79,31 @@ def _seat(job: Job, worker: WorkerRecord, rendezvous: Rendezvous) -> _Seat:
     )
 
 
-def start_commands(job: Job, nodes: dict[str, NodeRecord]) -> list[tuple[str, StartWorker]]:
+def start_commands(
+    job: Job, nodes: dict[str, NodeRecord], ask: int = 0
+) -> list[tuple[str, StartWorker]]:
     """A start for every rank that needs a new process (survivors re-form in place). It names
-    the job and the seat only: the agent reads what to run from the job record."""
+    the job and the seat only: the agent reads what to run from the job record.
+
+    ``ask`` > 0 asks again: only the ranks still LAUNCHING, each under a command id of its own
+    ask, since JetStream drops a resent id as a duplicate for its two-minute window (the agent
+    ignores a start of a worker it knows)."""
     rendezvous = rendezvous_for(job, nodes)
     seats = placement(job)
+    again = f":ask{ask}" if ask else ""
     return [
         (
             worker.node_id,
             StartWorker(
                 **_seat(job, worker, rendezvous),
-                command_id=f"start:{job.id}:{job.generation}:{worker.rank}",
+                command_id=f"start:{job.id}:{job.generation}:{worker.rank}{again}",
                 local_rank=seats[worker.rank][0],
                 local_world_size=seats[worker.rank][1],
                 group_rank=seats[worker.rank][2],
             ),
         )
         for worker in job.workers
-        if not worker.survivor
+        if not worker.survivor and (not ask or worker.state == WorkerState.LAUNCHING)
     ]
 
 
@@ -136,8 +143,8 @@ async def send_all(bus: Bus, commands: Sequence[tuple[str, AnyAgentCommand]]) ->
         await asyncio.gather(*(bus.send_command(node_id, cmd) for node_id, cmd in chunk))
 
 
-async def send_starts(bus: Bus, job: Job, nodes: dict[str, NodeRecord]) -> None:
-    await send_all(bus, start_commands(job, nodes))
+async def send_starts(bus: Bus, job: Job, nodes: dict[str, NodeRecord], ask: int = 0) -> None:
+    await send_all(bus, start_commands(job, nodes, ask))
 
 
 def split_starts(

@@ -30,7 +30,7 @@ from unicron.shared.bus.bus import Bus, parse_event
 from unicron.shared.bus.streams import ALL_REPORTS
 from unicron.shared.claims import ReportClaims
 from unicron.shared.contracts.events import CloudEvent, FailureDetected, PlanCreated, event_subject
-from unicron.shared.contracts.models import JobState, now
+from unicron.shared.contracts.models import JobState, WorkerState, now
 from unicron.shared.contracts.reports import REPORT
 from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.logging import get_logger
@@ -56,6 +56,7 @@ class Executor:
         self.transitions = TransitionRunner(bus, state, settings)
         self.progress = ProgressTracker(bus, state, on_failed=self.transitions.fall_back)
         self.fast_path = FastPath(state, self.transitions)
+        self._asked: dict[tuple[str, int], int] = {}  # (job, generation) -> asks again so far
 
     async def on_event(self, event: CloudEvent) -> None:
         check_holder(self.lease)
@@ -83,6 +84,7 @@ class Executor:
         plan = await self.state.latest_plan()
         if plan is not None:
             await self.transitions.apply_plan(plan)
+        launching: set[tuple[str, int]] = set()
         for job in await job_summaries(self.state):
             if job.state.terminal:  # cancelled by the api, say: its gauges go
                 self.progress.metrics.forget(job.id)
@@ -95,16 +97,31 @@ class Executor:
                 why = f"no step {waited:.0f} s after the regroup started"
                 await self.transitions.fall_back(job.id, job.generation, why)
                 continue
-            if job.launching_ranks and waited > self.settings.launch_timeout_s:
-                await self._start_again(job.id)
+            if job.launching_ranks:
+                launching.add((job.id, job.generation))
+                await self._start_again(job.id, job.generation, waited)
+        self._asked = {key: n for key, n in self._asked.items() if key in launching}
 
-    async def _start_again(self, job_id: str) -> None:
-        job = await self.state.get_job(job_id)
-        if job is None:
+    async def _start_again(self, job_id: str, generation: int, waited: float) -> None:
+        """Ask once more each ``launch_timeout_s`` for the workers that have not started, not
+        at every tick: a start that is slow under load (4,096 ranks) was sent again in full
+        every 2 s, which only added to the load."""
+        key = (job_id, generation)
+        due = int(waited // self.settings.launch_timeout_s)
+        if due <= self._asked.get(key, 0):
             return
-        log.warning("workers not started; asking agents again", job_id=job.id)
+        self._asked[key] = due
+        job = await self.state.get_job(job_id)
+        if job is None or job.generation != generation:
+            return
+        log.warning(
+            "workers not started; asking agents again",
+            job_id=job.id,
+            ask=due,
+            launching=sum(w.state == WorkerState.LAUNCHING for w in job.workers),
+        )
         nodes = await self.state.get_nodes(rank_nodes(job))  # the job's, not the cluster's
-        await send_starts(self.bus, job, {n.id: n for n in nodes})
+        await send_starts(self.bus, job, {n.id: n for n in nodes}, ask=due)
 
     async def loop(self, stop: asyncio.Event) -> None:
         outage = Outage("executor reconcile", component="executor")
