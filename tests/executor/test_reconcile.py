@@ -29,14 +29,7 @@ async def test_workers_that_never_started_are_asked_for_again_and_running_jobs_a
                  for r, n in enumerate(["n0", "n1"])],
     )  # fmt: skip
     await state.create_job(starting)
-    read: list[str] = []
-    get_job = state.get_job
-
-    async def recording_get_job(job_id: str) -> Job | None:
-        read.append(job_id)
-        return await get_job(job_id)
-
-    monkeypatch.setattr(state, "get_job", recording_get_job)
+    read = record_reads(state, monkeypatch)
     monkeypatch.setattr(state, "list_jobs", None)  # a scan of every record would fail here
 
     await executor.reconcile()
@@ -63,14 +56,7 @@ async def test_ranks_still_launching_are_asked_again_once_each_launch_timeout_un
                  WorkerRecord(rank=1, node_id="n1", state=WorkerState.LAUNCHING)],
     )  # fmt: skip
     await state.create_job(slow)
-    read: list[str] = []
-    get_job = state.get_job
-
-    async def recording_get_job(job_id: str) -> Job | None:
-        read.append(job_id)
-        return await get_job(job_id)
-
-    monkeypatch.setattr(state, "get_job", recording_get_job)
+    read = record_reads(state, monkeypatch)
 
     def asks(count: int) -> Callable[[list[object]], bool]:
         return lambda commands: len(starts_of(commands)) >= count
@@ -90,3 +76,16 @@ async def test_ranks_still_launching_are_asked_again_once_each_launch_timeout_un
 
 def starts_of(commands: list[object]) -> list[StartWorker]:
     return [c for c in commands if isinstance(c, StartWorker) and c.job_id == "job-slow"]
+
+
+def record_reads(state: StateStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the job records read from now on, in order."""
+    read: list[str] = []
+    get_job = state.get_job
+
+    async def recording_get_job(job_id: str) -> Job | None:
+        read.append(job_id)
+        return await get_job(job_id)
+
+    monkeypatch.setattr(state, "get_job", recording_get_job)
+    return read
