@@ -30,7 +30,7 @@ from unicron.shared.bus.bus import Bus, parse_event
 from unicron.shared.bus.streams import ALL_REPORTS
 from unicron.shared.claims import ReportClaims
 from unicron.shared.contracts.events import CloudEvent, FailureDetected, PlanCreated, event_subject
-from unicron.shared.contracts.models import JobState, WorkerState, now
+from unicron.shared.contracts.models import JobState, now
 from unicron.shared.contracts.reports import REPORT
 from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.logging import get_logger
@@ -99,10 +99,12 @@ class Executor:
                 continue
             if job.launching_ranks:
                 launching.add((job.id, job.generation))
-                await self._start_again(job.id, job.generation, waited)
+                await self._start_again(job.id, job.generation, waited, job.launching_ranks)
         self._asked = {key: n for key, n in self._asked.items() if key in launching}
 
-    async def _start_again(self, job_id: str, generation: int, waited: float) -> None:
+    async def _start_again(
+        self, job_id: str, generation: int, waited: float, not_started: int
+    ) -> None:
         """Ask once more each ``launch_timeout_s`` for the workers that have not started, not
         at every tick: a start that is slow under load (4,096 ranks) was sent again in full
         every 2 s, which only added to the load."""
@@ -118,7 +120,7 @@ class Executor:
             "workers not started; asking agents again",
             job_id=job.id,
             ask=due,
-            launching=sum(w.state == WorkerState.LAUNCHING for w in job.workers),
+            launching=not_started,  # as the summary counted them
         )
         nodes = await self.state.get_nodes(rank_nodes(job))  # the job's, not the cluster's
         await send_starts(self.bus, job, {n.id: n for n in nodes}, ask=due)
