@@ -23,6 +23,7 @@ from unicron.services.agent.failures import launch_failure_reports
 from unicron.services.agent.faults import FaultInjector
 from unicron.services.agent.fence import Fence, round_trip
 from unicron.services.agent.gpuhealth import GpuHealthWatch
+from unicron.services.agent.gpuowners import GpuOwners
 from unicron.services.agent.gpus import SlotPool, SlotsError, visible_devices
 from unicron.services.agent.hang import HangWatch
 from unicron.services.agent.heartbeat import NodeRegistration
@@ -106,9 +107,10 @@ class Agent:
         self.hangs = HangWatch(settings, self.supervisor.live, self.steps)
         metrics = bus.metrics.part(AgentMetrics)
         metrics.spares_from(lambda: len(self.spares.ready()))
-        self.gpu_health = GpuHealthWatch(
-            self.node_id, self.boot_id, metrics.counting(self.outbox), settings.gpu_health_s
+        owners = GpuOwners(
+            self.node_id, self.slots, self.supervisor.live, metrics.counting(self.outbox)
         )
+        self.gpu_health = GpuHealthWatch(self.node_id, self.boot_id, owners, settings.gpu_health_s)
         self.masters = MasterStores(self.host, self.store.bind_host, ports)
         packages = PackageDirs(bus, settings.data_dir)
         checkpoints = (settings.data_dir / "checkpoints").absolute()

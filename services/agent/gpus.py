@@ -10,12 +10,19 @@ slot and gives it back when it exits; a start that finds every device held is re
 (:class:`NoFreeGPUError`), never shared. On a node without CUDA there are no devices, the node
 has ``UNICRON_SLOTS`` slots (:data:`CPU_SLOTS` by default) and the workers' environment is left
 alone.
+
+A GPU that NVML reports faulty (SEV1) is retired from the slots until the agent restarts, as
+NVIDIA's device plugin marks a device unhealthy: no later start is handed it, and the node
+registers one slot fewer. :meth:`SlotPool.place` tells which of the agent's devices an NVML GPU
+is: by UUID, or by index where CUDA numbers the devices in PCI order as NVML does (the agent
+sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless the operator chose an order).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 CPU_SLOTS = 2  # a node without GPUs: the demo runs two workers on each
 
@@ -33,6 +40,8 @@ def visible_devices() -> list[str]:
     # torch is imported here, not at module level: it costs ~2 s and only this needs it
     import torch
 
+    # before CUDA starts: it then numbers devices as NVML does, so an NVML index names one
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if not torch.cuda.is_available():
         return []
     count = torch.cuda.device_count()
@@ -59,12 +68,34 @@ def node_slots(asked: int | None, devices: Sequence[str]) -> int:
     return asked
 
 
+def names_gpu(entry: str, index: int | None, uuid: str | None) -> bool | None:
+    """Whether the ``CUDA_VISIBLE_DEVICES`` entry is the NVML GPU (``index``, ``uuid``); None
+    where that cannot be told (a MIG instance, an index under another CUDA device order)."""
+    if entry.startswith("GPU-"):  # CUDA takes a UUID or any unique prefix of one
+        return None if uuid is None else uuid.startswith(entry)
+    if entry.isdigit() and os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+        return None if index is None else int(entry) == index
+    return None
+
+
+@dataclass(frozen=True)
+class GpuPlace:
+    """Where an NVML GPU is among the agent's devices: ``known`` False where it cannot be told;
+    else ``ours`` whether the agent may use it, and ``slot`` the slot it is (None: no slot)."""
+
+    known: bool
+    ours: bool = False
+    slot: int | None = None
+
+
 class SlotPool:
     def __init__(self, devices: Sequence[str] = (), slots: int | None = None) -> None:
         self.devices: list[str] = []  # the devices the slots hand out, slot i the i-th
+        self.found: list[str] = []  # every device the agent may use, slots or not
         self.gpus = 0  # the GPUs the agent found (more than ``devices`` if it was asked fewer)
         self.count = 0  # the node's slots: what it registers and the planner fills
         self._taken: set[int] = set()
+        self.retired: dict[int, str] = {}  # faulty slots, never handed out again: why
         self.use(devices, slots)
 
     def use(self, devices: Sequence[str], slots: int | None = None) -> None:
@@ -72,22 +103,25 @@ class SlotPool:
         spare took a slot. Raises SlotsError for more slots than devices on a GPU node."""
         self.count = node_slots(slots, devices)
         self.gpus = len(devices)
+        self.found = list(devices)
         self.devices = list(devices[: self.count])
+        self.retired.clear()
 
     def acquire(self) -> int | None:
         """The lowest free slot, or None on a node without GPUs (nothing to hand out). Raises
         NoFreeGPUError when every GPU slot is held: the plan placed one rank too many here."""
         if not self.gpus:
             return None
-        slot = next((i for i in range(len(self.devices)) if i not in self._taken), None)
+        out = self._taken | self.retired.keys()
+        slot = next((i for i in range(len(self.devices)) if i not in out), None)
         if slot is None:
-            raise NoFreeGPUError(f"all {len(self.devices)} GPU slots are held")
+            raise NoFreeGPUError(f"all {len(self.devices)} GPU slots are held{self._why_out()}")
         self._taken.add(slot)
         return slot
 
     def free(self) -> int:
-        """Devices no worker (or spare) holds."""
-        return len(self.devices) - len(self._taken)
+        """Healthy devices no worker (or spare) holds."""
+        return len(self.devices) - len(self._taken | self.retired.keys())
 
     def release(self, slot: int | None) -> None:
         if slot is not None:
@@ -99,9 +133,35 @@ class SlotPool:
             return {}
         return {"CUDA_VISIBLE_DEVICES": self.devices[slot]}
 
+    def place(self, index: int | None, uuid: str | None) -> GpuPlace:
+        """Which of the agent's devices the NVML GPU (``index``, ``uuid``) is."""
+        for position, entry in enumerate(self.found):
+            named = names_gpu(entry, index, uuid)
+            if named is None:
+                return GpuPlace(known=False)
+            if named:
+                slot = position if position < len(self.devices) else None
+                return GpuPlace(known=True, ours=True, slot=slot)
+        # none of the agent's devices: not its GPU; with no devices found (CUDA absent but NVML
+        # present) it cannot be told which workers use it
+        return GpuPlace(known=bool(self.found))
+
+    def retire(self, slot: int, why: str) -> bool:
+        """Hand ``slot`` out no more (its GPU is faulty) and count one slot fewer; False if it
+        was retired already."""
+        if slot in self.retired:
+            return False
+        self.retired[slot] = why
+        self.count = max(0, self.count - 1)
+        return True
+
     def describe(self) -> str:
         """The node's GPU slots in a few words, for a refused start."""
         text = f"{len(self.devices)} GPU(s)"
         if self.gpus > len(self.devices):
-            text += f" as slots (UNICRON_SLOTS={self.count} of its {self.gpus})"
-        return text
+            text += f" as slots (UNICRON_SLOTS={len(self.devices)} of its {self.gpus})"
+        return text + self._why_out()
+
+    def _why_out(self) -> str:
+        retired = ", ".join(f"{self.devices[s]}: {why}" for s, why in sorted(self.retired.items()))
+        return f" (retired as faulty: {retired})" if retired else ""

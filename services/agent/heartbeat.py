@@ -90,6 +90,7 @@ class NodeRegistration:
             return False  # another boot of this node took the record over; leave it be
         node.last_heartbeat = now()
         node.used = len(self.supervisor.live())
+        node.slots = self.supervisor.slots.count  # one fewer for each GPU retired as faulty
         node.workers = self.inventory()
         node.spares_ready = len(self.spares.ready())
         return True

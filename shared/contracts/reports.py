@@ -161,9 +161,10 @@ EvidenceValue = int | float | str | bool | list[str] | None
 
 
 class GpuHealthReport(Message):
-    """A node-level report: a GPU of the node is faulty or slowed down. Not about a worker: the
-    detector fails (or, for a slowdown, warns) every job with a rank on the node. Severity and
-    action come from the taxonomy, by ``category``."""
+    """A node-level report: a GPU of the node is faulty or slowed down. Not a worker's: the
+    detector fails (or, for a slowdown, warns) the jobs whose ranks hold the GPU (``held_by``),
+    or every job with a rank on the node where the agent cannot tell. Severity and action come
+    from the taxonomy, by ``category``."""
 
     kind: Literal["gpu_health"] = "gpu_health"
     node_id: str
@@ -172,6 +173,11 @@ class GpuHealthReport(Message):
         description="NVML index of the GPU; None when NVML could not tell which GPU it was"
     )
     uuid: str | None = None
+    held_by: list[JobRank] | None = Field(
+        None,
+        description="the ranks whose workers hold this GPU ([]: none does); None when the agent "
+        "cannot tell which of its devices the GPU is, so every job on the node is affected",
+    )
     signal: GpuSignal
     category: FailureCategory
     message: str = Field(description="what was seen, in one sentence")

@@ -87,6 +87,13 @@ class FakeNvml:
         """The H200 of docs/gpu-probe.md §8, as recorded."""
         return cls(json.loads(RECORDED.read_text())["devices"], **kwargs)
 
+    @classmethod
+    def h200_node(cls, count: int) -> FakeNvml:
+        """``count`` of the recorded H200, at NVML indices 0, 1 … with UUIDs of their own."""
+        recorded = json.loads(RECORDED.read_text())["devices"][0]
+        tail = recorded["uuid"][6:]  # GPU-ffdc4ba6-… → GPU-00dc4ba6-…, GPU-01dc4ba6-…
+        return cls([{**recorded, "index": i, "uuid": f"GPU-{i:02x}{tail}"} for i in range(count)])
+
     @property
     def looks(self) -> int:
         """How many looks at the GPUs the watch has begun (each reads the ECC counts first)."""

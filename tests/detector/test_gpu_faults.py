@@ -1,5 +1,6 @@
 """GPU health reports of a node's agent (``GpuHealthReport``) in the detector: a SEV1 fault fails
-every job with a rank on the node, a slowdown is an advisory hint, a fault on an idle node
+every job with a rank on the node, or only the rank holding the GPU where the agent could tell
+whose it is, a slowdown is an advisory hint, a fault on an idle node
 counts toward its quarantine, and a stale or misaddressed report changes nothing. The executor,
 which reads every report, passes over them."""
 
@@ -14,6 +15,7 @@ from unicron.shared.bus.api import EventBus
 from unicron.shared.bus.delivery import ClaimRefusedError
 from unicron.shared.claims import ReportClaims
 from unicron.shared.contracts.events import CloudEvent
+from unicron.shared.contracts.identity import JobRank
 from unicron.shared.contracts.models import JobState, NodeState
 from unicron.shared.contracts.reports import (
     REPORT,
@@ -73,6 +75,37 @@ async def test_a_sev1_gpu_fault_fails_every_job_with_a_rank_on_the_node(
         assert job is not None and job.state == JobState.RECOVERING
     untouched = await state.get_job("job-c")
     assert untouched is not None and untouched.state == JobState.RUNNING
+
+
+async def test_a_fault_on_a_gpu_the_agent_placed_fails_only_the_rank_holding_it(
+    cluster: Cluster, bus: EventBus, state: JobStore, events: asyncio.Queue[CloudEvent]
+) -> None:
+    """The agent said whose the GPU is: the job holding it names its rank on that GPU (rank 2,
+    not its lowest rank on the node), and the node's other job, on other GPUs, trains on."""
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-a", ["node-0", "node-0", "node-0"])
+    await cluster.add_job("job-b", ["node-0"])
+    held = [JobRank(job_id="job-a", generation=1, rank=2)]
+    await bus.publish_report(gpu_report("node-0", FailureCategory.ECC, held_by=held))
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["job_id"], failure["rank"], failure["kind"]) == ("job-a", 2, "hardware")
+    assert failure["evidence"]["ranks"] == [0, 1, 2]
+    await no_event(events, "failure.detected", within_s=1.0)
+    untouched = await state.get_job("job-b")
+    assert untouched is not None and untouched.state == JobState.RUNNING
+
+
+async def test_a_sev1_fault_on_a_gpu_nobody_holds_counts_against_the_node_only(
+    cluster: Cluster, bus: EventBus, state: JobStore, events: asyncio.Queue[CloudEvent]
+) -> None:
+    await cluster.add_node("node-0")
+    await cluster.add_job("job-a", ["node-0"])
+    for xid in (48, 94):  # two faults of its own quarantine the node (detector_settings)
+        report = gpu_report("node-0", FailureCategory.ECC, held_by=[], evidence={"xid": xid})
+        await bus.publish_report(report)
+    changed = await next_event(events, "node.state_changed")
+    assert (changed.data["node_id"], changed.data["new"]) == ("node-0", "QUARANTINED")
+    await no_event(events, "failure.detected", within_s=1.0)
 
 
 async def test_a_slowdown_is_an_advisory_hint_and_the_job_keeps_running(
