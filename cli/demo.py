@@ -1,6 +1,7 @@
 """``unicron demo``: the self-healing demo on an embedded stack it starts and stops itself.
 
-Two node agents with two slots each run a GPT job on four workers; mid-training one worker is
+Two node agents with two slots each (on a GPU host: one per GPU of each agent's share, see
+``cli/gpushare.py``) run a GPT job on up to four workers; mid-training one worker is
 killed with SIGKILL; the demo shows the failure, the plan, the restart and the job finishing,
 then reports the measured detection and recovery times (kill → next completed step).
 """
@@ -161,10 +162,13 @@ def demo(
 ) -> None:
     """Start an embedded stack, train a GPT on 4 workers, kill one, watch it heal."""
     with tempfile.TemporaryDirectory(prefix="unicron-demo-") as tmp:
-        config = StackConfig(nodes=2, slots=2, api_port=free_port(), data_dir=Path(tmp))
+        # two slots an agent on CPU; on a GPU host one per GPU of the agent's share
+        config = StackConfig(nodes=2, api_port=free_port(), data_dir=Path(tmp))
         console.print("[bold]starting NATS, Redis, api, detector, planner, executor, 2 agents…")
         try:
             with Stack(config) as stack:
+                if stack.gpus.note:
+                    console.print(stack.gpus.note)
                 ok = asyncio.run(_run_demo(stack, steps, kill_at, deadline_s))
         except KeyboardInterrupt:
             console.print("interrupted; everything stopped")

@@ -15,18 +15,18 @@ executor each run twice then, one active and one warm standby on the role's leas
 from __future__ import annotations
 
 import functools
-import json
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 from unicron.cli.children import Child
+from unicron.cli.gpushare import GpuShare, share_gpus
+from unicron.cli.readiness import wait_until_ready
 from unicron.cli.restarts import RestartBackoff
+from unicron.services.agent.gpus import visible_devices
 from unicron.shared.bus.natslogin import NatsAccess
 from unicron.shared.contracts.roles import ServiceRole, ServiceUser, stack_users
 from unicron.shared.logging import get_logger
@@ -58,7 +58,7 @@ LEASED_ROLES = ("planner", "executor")  # one active instance under a lease
 @dataclass
 class StackConfig:
     nodes: int = 2
-    slots: int = 2
+    slots: int | None = None  # each agent's workers; None: 2 on CPU, one per GPU of its share
     nats_url: str | None = None
     redis_url: str | None = None
     api_port: int = 8080
@@ -68,6 +68,7 @@ class StackConfig:
     # one agent's own additions, by node id (the GPU suite gives each its own NCCL_HOSTID)
     node_env: dict[str, dict[str, str]] = field(default_factory=dict)
     ha: bool = False  # a NATS cluster and a Redis with a replica and Sentinels
+    devices: list[str] | None = None  # the host's GPUs to share out; None: what CUDA shows
 
 
 class Stack:
@@ -84,6 +85,7 @@ class Stack:
         self.redis_ha: RedisHa | None = None
         self.servers_env: dict[str, str] = {}  # how the children find --ha's servers
         self.metrics_urls: dict[str, str] = {}  # where each child serves /metrics, by name
+        self.gpus = GpuShare([])  # each agent's GPUs, known at start (cli/gpushare.py)
 
     @property
     def api_url(self) -> str:
@@ -105,6 +107,11 @@ class Stack:
 
     def start(self, ready_timeout_s: float = 60.0) -> None:
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        devices = self.config.devices
+        # before any server: a --slots the GPUs cannot give fails here, with its reason
+        self.gpus = share_gpus(
+            visible_devices() if devices is None else devices, self.config.nodes, self.config.slots
+        )
         self.start_servers()
         for module in SERVICE_MODULES:
             role = module.split(".")[-1]
@@ -112,10 +119,9 @@ class Stack:
             for name in self.instances(role):
                 env = self.env(**self.login_env(user), **self.instance_env(name))
                 self._add(name, module, env | self.metrics_env(name))
-        for node_id in self.node_ids:
+        for node_id, share in zip(self.node_ids, self.gpus.envs, strict=True):
             agent = ServiceUser(role=ServiceRole.AGENT, node_id=node_id)
-            slots = str(self.config.slots)
-            env = self.env(UNICRON_NODE_ID=node_id, UNICRON_SLOTS=slots, **self.login_env(agent))
+            env = self.env(UNICRON_NODE_ID=node_id, **share, **self.login_env(agent))
             env.update(self.config.node_env.get(node_id, {}))
             self._add(f"agent-{node_id}", AGENT_MODULE, env | self.metrics_env(f"agent-{node_id}"))
         self.wait_ready(ready_timeout_s)
@@ -191,36 +197,9 @@ class Stack:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Wait until the API answers /readyz and every agent's node is registered."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                ready = httpx.get(f"{self.api_url}/readyz", timeout=1.0).status_code == 200
-                nodes = self._nodes() if ready else []
-                if ready and len(nodes) >= self.config.nodes:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"stack not ready in {timeout_s}s; logs in {self.data_dir / 'logs'}")
-
-    def _nodes(self) -> list[object]:
-        """The registered nodes, asked with a configured token (an admin's if there is one)
-        when the API requires tokens."""
-        headers = {"Authorization": f"Bearer {token}"} if (token := self._token()) else {}
-        response = httpx.get(f"{self.api_url}/v1/nodes", headers=headers, timeout=1.0)
-        if response.status_code in (401, 403):
-            raise RuntimeError(f"the API refused the readiness check: {response.text}")
-        nodes: list[object] = response.json()
-        return nodes
-
-    def _token(self) -> str | None:
-        try:
-            tokens = json.loads(self.env().get("UNICRON_API_TOKENS") or "{}")
-        except ValueError:  # the API refuses them too and exits, which check_alive reports
-            return None
-        by_role = sorted(tokens, key=lambda t: str(tokens[t].get("role")) != "admin")
-        return by_role[0] if by_role else None
+        logs = self.data_dir / "logs"
+        env = self.env()
+        wait_until_ready(self.api_url, self.config.nodes, env, self.check_alive, timeout_s, logs)
 
     def check_alive(self) -> None:
         for child in self.children.values():

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from unicron.cli.gpushare import GpuShareError
 from unicron.cli.stack import Stack, StackConfig
 from unicron.shared.servers.credentials import CREDENTIALS_FILE
 
@@ -22,7 +23,10 @@ def _print_endpoints(console: Console, stack: Stack) -> None:
         table.add_row("Redis Sentinels", stack.redis_ha.sentinels_setting.replace(",", "\n"))
     else:
         table.add_row("Redis", stack.redis_url)
-    table.add_row("nodes", f"{stack.config.nodes} x {stack.config.slots} slots")
+    slots = [env["UNICRON_SLOTS"] for env in stack.gpus.envs]
+    table.add_row("nodes", f"{stack.config.nodes}, slots {' + '.join(slots)}")
+    if stack.gpus.note:
+        table.add_row("GPUs", stack.gpus.note)
     table.add_row("logs", str(stack.data_dir / "logs"))
     table.add_row("metrics", "\n".join(f"{n}: {u}" for n, u in stack.metrics_urls.items()))
     if stack.logins is not None:
@@ -33,7 +37,10 @@ def _print_endpoints(console: Console, stack: Stack) -> None:
 
 def up(
     nodes: Annotated[int, typer.Option(min=1, help="node agents to start")] = 2,
-    slots: Annotated[int, typer.Option(min=1, help="worker slots per node")] = 2,
+    slots: Annotated[
+        int | None,
+        typer.Option(min=1, help="worker slots per node [default: 2; one per GPU on a GPU host]"),
+    ] = None,
     nats_url: Annotated[
         str | None, typer.Option(help="use this NATS instead of starting one")
     ] = None,
@@ -61,6 +68,9 @@ def up(
         stack.supervise(threading.Event())  # until Ctrl-C; each restart logs its own line
     except KeyboardInterrupt:
         console.print("stopping…")
+    except GpuShareError as exc:  # nothing started: a setting to change, not a failure
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
     except (TimeoutError, RuntimeError) as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from unicron.cli.readiness import api_token
 from unicron.cli.stack import Stack, StackConfig
 from unicron.shared.procs import free_port
 
@@ -25,7 +26,7 @@ def test_a_stack_with_tokens_starts_and_is_ready(
         nodes = httpx.get(f"{stack.api_url}/v1/nodes", headers=bearer(ADMIN), timeout=5)
         assert [n["id"] for n in nodes.json()] == ["node-0"]
         assert httpx.get(f"{stack.api_url}/v1/nodes", timeout=5).status_code == 401
-        assert stack._token() == ADMIN  # the admin token, though a user token is listed first
+        assert api_token(stack.env()) == ADMIN  # the admin, though a user token is listed first
 
 
 def test_a_child_that_dies_during_the_start_is_named_with_its_log(

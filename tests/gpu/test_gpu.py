@@ -65,7 +65,13 @@ def test_the_training_api_runs_on_cuda_and_resumes_from_its_checkpoint(tmp_path:
 
 @pytest.fixture
 def two_ranks(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[httpx.Client]:
-    nodes = {f"node-{i}": {"NCCL_HOSTID": f"unicron-gpu-test-{i}"} for i in range(2)}
+    # both agents on the one GPU: a stack shares a host's GPUs out (cli/gpushare.py) and with
+    # one GPU for two agents would hide it, so the test hands it to each by hand
+    gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    nodes = {
+        f"node-{i}": {"NCCL_HOSTID": f"unicron-gpu-test-{i}", "CUDA_VISIBLE_DEVICES": gpu}
+        for i in range(2)
+    }
     config = StackConfig(
         nodes=2, slots=1, nats_url=nats_url, redis_url=redis_url, api_port=free_port(),
         data_dir=tmp_path / "stack", node_env=nodes,
