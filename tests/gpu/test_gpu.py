@@ -129,3 +129,31 @@ def test_a_cuda_error_and_a_hang_on_nccl_are_classified_and_recovered(
     record(**{f"nccl_{fault}_recovery_s": time.monotonic() - began})
     assert job["last_failure"]["category"] == category, job["last_failure"]
     api.post(f"/v1/jobs/{job_id}/cancel")
+
+
+def test_each_cuda_device_is_placed_on_its_nvml_gpu() -> None:
+    """The agent names the rank on a faulty GPU by matching NVML's GPU to its CUDA device
+    (services/agent/gpuowners.py): on the real device, by index under PCI order and by UUID."""
+    pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+    from unicron.services.agent.gpus import SlotPool, visible_devices
+    from unicron.services.agent.nvml import open_session
+
+    devices = visible_devices()  # sets CUDA_DEVICE_ORDER=PCI_BUS_ID unless it was set
+    session = open_session(lambda: pynvml)
+    try:
+        by_index, by_uuid = SlotPool(devices), SlotPool([str(u) for u in _cuda_uuids()])
+        placed = {gpu.index: by_index.place(gpu.index, gpu.uuid) for gpu in session.gpus}
+        placed_by_uuid = {gpu.index: by_uuid.place(gpu.index, gpu.uuid) for gpu in session.gpus}
+    finally:
+        session.close()
+    ours = {i: p.slot for i, p in placed.items() if p.ours}
+    assert len(ours) == len(devices) and all(p.known for p in placed.values()), placed
+    assert {i: p.slot for i, p in placed_by_uuid.items() if p.ours} == ours
+    record(nvml_gpus_placed=float(len(ours)))
+
+
+def _cuda_uuids() -> list[str]:
+    """Each visible CUDA device's UUID as CUDA_VISIBLE_DEVICES takes it (``GPU-…``)."""
+    count = torch.cuda.device_count()
+    uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
+    return [u if u.startswith("GPU-") else f"GPU-{u}" for u in uuids]
