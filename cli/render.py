@@ -141,12 +141,18 @@ def nodes_table(nodes: list[NodeRecord]) -> Table:
         table.add_row(
             node.id,
             state_text(node.state),
-            str(node.slots),
+            _slots(node),
             str(node.used),
             node.host,
             ago(node.last_heartbeat),
         )
     return table
+
+
+def _slots(node: NodeRecord) -> str:
+    """``8``, or ``7 (GPU 3 retired: Xid 79: …)`` when a GPU was retired as faulty."""
+    retired = "; ".join(f"GPU {device} retired: {why}" for device, why in node.retired_gpus.items())
+    return f"{node.slots} ({retired})" if retired else str(node.slots)
 
 
 def _field(value: Any) -> str | None:

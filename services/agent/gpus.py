@@ -155,6 +155,10 @@ class SlotPool:
         self.count = max(0, self.count - 1)
         return True
 
+    def retired_devices(self) -> dict[str, str]:
+        """The retired GPUs by device, with their faults: what the node's record shows."""
+        return {self.devices[slot]: why for slot, why in sorted(self.retired.items())}
+
     def describe(self) -> str:
         """The node's GPU slots in a few words, for a refused start."""
         text = f"{len(self.devices)} GPU(s)"
@@ -163,5 +167,5 @@ class SlotPool:
         return text + self._why_out()
 
     def _why_out(self) -> str:
-        retired = ", ".join(f"{self.devices[s]}: {why}" for s, why in sorted(self.retired.items()))
+        retired = ", ".join(f"{device}: {why}" for device, why in self.retired_devices().items())
         return f" (retired as faulty: {retired})" if retired else ""

@@ -91,6 +91,7 @@ class NodeRegistration:
         node.last_heartbeat = now()
         node.used = len(self.supervisor.live())
         node.slots = self.supervisor.slots.count  # one fewer for each GPU retired as faulty
+        node.retired_gpus = self.supervisor.slots.retired_devices()
         node.workers = self.inventory()
         node.spares_ready = len(self.spares.ready())
         return True

@@ -239,6 +239,11 @@ class NodeRecord(BaseModel):
     state: NodeState = NodeState.READY
     slots: int = Field(ge=0, description="workers at once: on a GPU node at most one per GPU")
     gpus: int = Field(0, ge=0, description="GPUs its agent found; 0 on a node without CUDA")
+    retired_gpus: dict[str, str] = Field(
+        default_factory=dict,
+        description="GPUs its agent stopped handing out after a fault, by device: the fault; "
+        "each is a slot fewer until the agent restarts",
+    )
     used: int = 0
     last_heartbeat: float = Field(default_factory=now)
     host: str = "127.0.0.1"

@@ -144,4 +144,5 @@ async def test_the_agent_registers_a_slot_fewer_once_a_gpu_of_its_own_is_faulty(
                 if node is not None and node.slots == 1:
                     break
                 await asyncio.sleep(0.05)
+        assert node.retired_gpus == {"1": "Xid 48: a double-bit ECC error"}  # as operators see it
         assert agent.slots.acquire() == 0 and agent.slots.free() == 0

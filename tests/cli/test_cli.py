@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner, Result
 from unicron.cli.main import app
 from unicron.cli.render import event_line
@@ -145,7 +147,9 @@ async def test_unreachable_api_exits_3() -> None:
         assert f"cannot reach the Unicron API at {url}" in result.stderr
 
 
-async def test_nodes_table(api_url: str, state: StateStore) -> None:
+async def test_nodes_table(
+    api_url: str, state: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     empty = await unicron("nodes", api_url=api_url)
     assert empty.exit_code == 0 and "no nodes registered" in empty.stdout
     await state.put_node(NodeRecord(id="node-a", slots=4, used=2))
@@ -153,6 +157,13 @@ async def test_nodes_table(api_url: str, state: StateStore) -> None:
     assert result.exit_code == 0
     [row] = [line for line in result.stdout.splitlines() if "node-a" in line]
     assert row.split()[:4] == ["node-a", "READY", "4", "2"]
+    why = "Xid 79: the GPU has fallen off the bus"
+    await state.put_node(NodeRecord(id="node-a", slots=3, gpus=4, retired_gpus={"2": why}))
+    result = await unicron("--output", "json", "nodes", api_url=api_url)
+    assert json.loads(result.stdout)[0]["retired_gpus"] == {"2": why}
+    monkeypatch.setenv("COLUMNS", "200")  # the fault on one line
+    shown = await unicron("nodes", api_url=api_url)
+    assert f"3 (GPU 2 retired: {why})" in shown.stdout
 
 
 async def test_submit_follow_shows_progress_until_the_job_ends(
