@@ -71,7 +71,7 @@ def _kubernetes_variant() -> str:
 def test_prometheus_config_and_the_rules_it_loads_pass_promtool() -> None:
     output = _promtool("check", "config", PROMETHEUS.name)
     assert f"Checking {ALERTS.name}" in output, output  # the rules were checked with it
-    assert "SUCCESS: 6 rules found" in output, output
+    assert "SUCCESS: 7 rules found" in output, output
 
 
 def _check_config(tmp_path: Path, config: str) -> str:
@@ -144,7 +144,7 @@ def test_every_alert_waits_has_a_severity_and_says_what_fired_it() -> None:
     alerts = _alerts()
     assert set(alerts) == {
         "UnicronServiceDown", "UnicronJobFailed", "UnicronNodeQuarantined", "UnicronNodeLost",
-        "UnicronRecoverySlow", "UnicronDeadLetters",
+        "UnicronRecoverySlow", "UnicronDeadLetters", "UnicronGpuRetired",
     }  # fmt: skip
     for name, rule in alerts.items():
         assert re.fullmatch(r"\d+[smh]", rule["for"]), name

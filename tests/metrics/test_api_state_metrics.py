@@ -124,3 +124,15 @@ def test_a_metric_of_the_same_name_is_refused() -> None:
     metrics = ApiMetrics()
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         Gauge("unicron_node_state", "again", registry=metrics.registry)
+
+
+def test_a_retired_gpu_is_a_series_naming_the_node_gpu_and_fault_until_it_is_back() -> None:
+    metrics = ApiMetrics()
+    why = "Xid 79: the GPU has fallen off the bus"
+    metrics.set_nodes(
+        [NodeRecord(id="gpu-17", slots=7, gpus=8, retired_gpus={"3": why}), node("gpu-18")]
+    )
+    labels = {"node_id": "gpu-17", "gpu": "3", "fault": why}
+    assert series(samples(metrics), "unicron_gpu_retired") == {frozenset(labels.items()): 1.0}
+    metrics.set_nodes([node("gpu-17"), node("gpu-18")])  # its agent restarted after a reset
+    assert series(samples(metrics), "unicron_gpu_retired") == {}
