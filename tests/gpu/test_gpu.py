@@ -157,3 +157,23 @@ def _cuda_uuids() -> list[str]:
     count = torch.cuda.device_count()
     uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
     return [u if u.startswith("GPU-") else f"GPU-{u}" for u in uuids]
+
+
+def test_a_warm_spare_leaves_cuda_alone_until_its_launch_names_the_device() -> None:
+    """A spare warms up before it knows its GPU, and CUDA reads CUDA_VISIBLE_DEVICES once, when
+    it starts: a warm-up that started CUDA would keep every GPU visible to the rank it becomes,
+    which would then train on the first GPU, another rank's. Here the launch hides every GPU: a
+    spare that left CUDA alone sees none."""
+    probe = (
+        "import os, torch\n"
+        "from unicron.trainer.spare import warm_up\n"
+        "warm_up()\n"
+        "os.environ['CUDA_VISIBLE_DEVICES'] = ''  # what run_script does with a launch's env\n"
+        "print(torch.cuda.is_available(), torch.cuda.device_count())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "0"], done.stdout
