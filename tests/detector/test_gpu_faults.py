@@ -100,8 +100,10 @@ async def test_a_sev1_fault_on_a_gpu_nobody_holds_counts_against_the_node_only(
 ) -> None:
     await cluster.add_node("node-0")
     await cluster.add_job("job-a", ["node-0"])
-    for xid in (48, 94):  # two faults of its own quarantine the node (detector_settings)
-        report = gpu_report("node-0", FailureCategory.ECC, held_by=[], evidence={"xid": xid})
+    for gpu, xid in ((1, 48), (2, 94)):  # two faults of its own quarantine it (settings)
+        report = gpu_report(
+            "node-0", FailureCategory.ECC, gpu=gpu, held_by=[], evidence={"xid": xid}
+        )
         await bus.publish_report(report)
     changed = await next_event(events, "node.state_changed")
     assert (changed.data["node_id"], changed.data["new"]) == ("node-0", "QUARANTINED")
