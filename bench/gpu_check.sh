@@ -24,7 +24,10 @@ if [ -d .whl ] && ! "$PY" -c "import unicron" 2>/dev/null; then
     || { echo "gpu_check: cannot install the carried wheels" >&2; exit 2; }
   export PYTHONPATH=/tmp/unicron-site
 fi
-export PYTHONUNBUFFERED=1 UNICRON_GPU_FIGURES="$OUT/gpu.json"
+# the stacks' logs (agents, workers, NCCL's warnings) land in $OUT too, so a failure comes back
+# with its cause from a machine that is gone once the run ends
+export PYTHONUNBUFFERED=1 UNICRON_GPU_FIGURES="$OUT/gpu.json" UNICRON_GPU_LOGS="$OUT/stacks"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 rm -f "$UNICRON_GPU_FIGURES"
 
 echo "== facts"

@@ -63,8 +63,17 @@ def test_the_training_api_runs_on_cuda_and_resumes_from_its_checkpoint(tmp_path:
     assert "resumed" in resumed and "step=20" in resumed, resumed[-3000:]
 
 
+def stack_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Where a test's stack keeps its logs: under ``UNICRON_GPU_LOGS`` when set, so that a lent
+    machine's run brings back the agents' and workers' logs (NCCL's errors among them)."""
+    logs = os.environ.get("UNICRON_GPU_LOGS")
+    return Path(logs) / request.node.name if logs else tmp_path / "stack"
+
+
 @pytest.fixture
-def two_ranks(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[httpx.Client]:
+def two_ranks(
+    nats_url: str, redis_url: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[httpx.Client]:
     # both agents on the one GPU: a stack shares a host's GPUs out (cli/gpushare.py) and with
     # one GPU for two agents would hide it, so the test hands it to each by hand
     gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
@@ -74,7 +83,7 @@ def two_ranks(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[httpx.C
     }
     config = StackConfig(
         nodes=2, slots=1, nats_url=nats_url, redis_url=redis_url, api_port=free_port(),
-        data_dir=tmp_path / "stack", node_env=nodes,
+        data_dir=stack_dir(request, tmp_path), node_env=nodes,
     )  # fmt: skip
     with Stack(config) as stack, httpx.Client(base_url=stack.api_url, timeout=10) as api:
         yield api
