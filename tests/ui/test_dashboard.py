@@ -6,17 +6,21 @@ The cluster view after the recovery is saved as a screenshot (its path is printe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from unicron.cli.stack import Stack
+from unicron.shared.contracts.models import NodeRecord
+from unicron.shared.store.state import StateStore
 
 from tests.api.factories import ADMIN, TOKENS, bearer
 from tests.e2e.conftest import small_job
@@ -170,3 +174,28 @@ def test_a_job_page_asks_again_for_a_bad_token_and_shows_the_plan_and_output(
     expect(page.locator("#plan")).to_contain_text("predicted WAF")
     expect(page.locator("#logs")).to_contain_text("training")
     tab.check_reads(since=logged_in)
+
+
+def test_a_gpu_retired_after_a_fault_shows_on_its_node_with_the_fault(
+    tab: Tab, stack: Stack
+) -> None:
+    """As its agent's heartbeat records it (``NodeRecord.retired_gpus``); a node of no agent
+    here, with no slot, so that no plan places work on it."""
+    why = "Xid 79: the GPU has fallen off the bus"
+    record = NodeRecord(id="gpu-x", slots=0, gpus=1, retired_gpus={"0": why}, boot_id="gpu-x")
+    with ThreadPoolExecutor(1) as thread:  # Playwright's sync API holds this thread's loop
+        thread.submit(asyncio.run, _put_node(stack.redis_url, record)).result(timeout=30)
+    page = tab.page
+    page.goto(f"{stack.api_url}/ui")
+    tab.log_in(ADMIN)
+    cell = page.locator('#nodes [data-node="gpu-x"] .cell.retired')
+    expect(cell).to_have_text("GPU 0 retired")
+    expect(cell).to_have_attribute("title", f"GPU 0 retired: {why}")
+
+
+async def _put_node(redis_url: str, record: NodeRecord) -> None:
+    state = await StateStore.connect(redis_url)
+    try:
+        await state.put_node(record)
+    finally:
+        await state.close()

@@ -27,6 +27,11 @@ function renderNodes(nodes, records) {
       for (let free = placed.length; free < node.slots; free++) {
         cells.push(el("span", { class: "cell free" }, "free"));
       }
+      // a GPU its agent took out of service after a fault: no slot, but the node is short of it
+      for (const [gpu, why] of Object.entries(node.retired_gpus || {})) {
+        cells.push(el("span", { class: "cell retired", title: "GPU " + gpu + " retired: " + why },
+          "GPU " + gpu + " retired"));
+      }
       const facts = node.slots + (node.slots === 1 ? " slot" : " slots") + (node.gpus ? ", " + node.gpus + " GPUs" : "") +
         (node.spares_ready ? ", " + node.spares_ready + " spares" : "");
       return el("div", { class: "node " + node.state, "data-node": node.id },
