@@ -8,7 +8,9 @@ report this finds the GPU among the agent's devices (:meth:`SlotPool.place`):
 - not one of them: dropped, as another agent's (or nobody's) to report;
 - one of them: sent with ``held_by``, the ranks whose workers hold it, so the detector fails
   those jobs and names those ranks, not every job on the node; a SEV1 fault also retires the
-  GPU from the slots, so no replacement is started on it;
+  GPU from the slots, so no replacement is started on it, and its later faults are not sent:
+  one faulty GPU, out of service, must not count again and again toward the quarantine of a
+  node whose other GPUs are healthy;
 - not to be told (no CUDA devices found, a MIG instance, another CUDA device order): sent as
   it is, and the detector takes it as the whole node's.
 """
@@ -46,6 +48,10 @@ class GpuOwners:
         if not place.ours:
             self.log.info("GPU fault on a GPU this agent does not use", gpu=report.gpu,
                           uuid=report.uuid, message=report.message)  # fmt: skip
+            return
+        if place.slot in self.slots.retired:  # out of service: its faults count no more
+            self.log.info("GPU fault on a GPU already retired", gpu=report.gpu,
+                          message=report.message)  # fmt: skip
             return
         held = [] if place.slot is None else self._holders(place.slot)
         if place.slot is not None and report.severity == Severity.SEV1:

@@ -93,6 +93,15 @@ async def test_a_fault_of_a_held_gpu_names_its_rank_and_no_replacement_lands_on_
     assert any(e["event"] == "GPU fault on a GPU this agent does not use" for e in logs)
     assert supervisor.slots.count == 1  # the node now registers one slot
 
+    again = "GPU fault on a GPU already retired"
+    with capture_logs() as logs:  # the retired GPU's later faults are not sent again
+        async with watching(fake, sink=owners):
+            fake.xid(3, 48)
+            await until(lambda: any(e["event"] == again for e in logs))
+            fake.answer(2, "clocks_event_reasons", 0x40)  # rank 0's GPU slows down: reported
+            assert (await reports.next()).gpu == 2
+    assert reports.queue.empty()
+
     # rank 1 dies of it; its replacement here is refused the faulty GPU, never put on it
     victim = next(w for w in supervisor.live() if w.key.rank == 1)
     os.kill(victim.proc.pid, signal.SIGKILL)
