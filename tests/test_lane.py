@@ -59,6 +59,23 @@ async def test_both_copies_in_one_batch_are_handled_once_from_the_stream() -> No
     assert handled == [b"x"] and stored.outcomes == ["ack"]
 
 
+async def test_both_copies_in_one_batch_are_handled_where_the_first_came() -> None:
+    """A busy consumer's queue: the lane copies of a rank's last steps, the lane copy of its
+    exit, then the stream copies of the steps. The steps are handled where their lane copies
+    came, before the exit: taken at their stream copies' place, the exit overtook them and the
+    finished job kept the step before them (an extended run: SUCCEEDED at step 21 of 30)."""
+    handled: list[bytes] = []
+    consumer, _ = delivery(handled)
+    steps = [StoredMsg(f"s-{n}", f"step {n}".encode()) for n in (29, 30)]
+    exit_ = StoredMsg("e-0", b"exit")
+    queue: list[Any] = [*map(lane_copy, steps), lane_copy(exit_), *steps]
+    await consumer.on_messages(queue)
+    assert handled == [b"step 29", b"step 30", b"exit"]
+    assert [s.outcomes for s in steps] == [["ack"], ["ack"]]  # handled from the record
+    await consumer.on_messages([cast(Any, exit_)])  # the exit's own stream copy, later
+    assert handled == [b"step 29", b"step 30", b"exit"] and exit_.outcomes == ["ack"]
+
+
 async def test_a_lane_copy_whose_handler_failed_is_left_to_its_stream_copy() -> None:
     handled: list[bytes] = []
     consumer, letters = delivery(handled, fail_first=True)

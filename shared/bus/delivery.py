@@ -168,15 +168,21 @@ class Delivery(Generic[T]):
 
     async def _unseen(self, msgs: list[Received]) -> list[Received]:
         """``msgs`` without the copies of messages already handled (a stream copy of one is
-        acknowledged) and without a lane copy whose stream copy is among them."""
-        stored = {message_id(m) for m in msgs if not is_lane(m)} - {None}
-        fresh = []
+        acknowledged); a message whose two copies are both here is its stream copy (the record,
+        to acknowledge), in the place of the copy that came first: moved to where the stream
+        copy came, a lane copy after it (a rank's exit) would overtake it (its last step)."""
+        stored = {message_id(m): m for m in msgs if not is_lane(m)}
+        stored.pop(None, None)
+        fresh, placed = [], set()
         for msg in msgs:
             msg_id = message_id(msg)
             if msg_id in self._handled:
                 await msg.ack()
-            elif not (is_lane(msg) and msg_id in stored):
+            elif msg_id not in stored:
                 fresh.append(msg)
+            elif msg_id not in placed:
+                placed.add(msg_id)
+                fresh.append(stored[msg_id])
         return fresh
 
     def _lane_shut(self, msg: Received) -> bool:
