@@ -55,16 +55,13 @@ class GpuOwners:
             return
         held = [] if place.slot is None else self._holders(place.slot)
         if place.slot is not None and report.severity == Severity.SEV1:
-            self._retire(place.slot, report)
-        self.sink.report(report.model_copy(update={"held_by": held}))
-
-    def _retire(self, slot: int, report: GpuHealthReport) -> None:
-        if self.slots.retire(slot, report.message):
+            self.slots.retire(place.slot, report.message)
             self.log.warning(
                 "faulty GPU retired from the node's slots until the agent restarts",
-                gpu=report.gpu, device=self.slots.devices[slot], slots=self.slots.count,
+                gpu=report.gpu, device=self.slots.devices[place.slot], slots=self.slots.count,
                 why=report.message,
             )  # fmt: skip
+        self.sink.report(report.model_copy(update={"held_by": held}))
 
     def _holders(self, slot: int) -> list[JobRank]:
         return [

@@ -93,7 +93,7 @@ class SlotPool:
         self.devices: list[str] = []  # the devices the slots hand out, slot i the i-th
         self.found: list[str] = []  # every device the agent may use, slots or not
         self.gpus = 0  # the GPUs the agent found (more than ``devices`` if it was asked fewer)
-        self.count = 0  # the node's slots: what it registers and the planner fills
+        self._slots = 0  # the node's slots as found, retired ones included
         self._taken: set[int] = set()
         self.retired: dict[int, str] = {}  # faulty slots, never handed out again: why
         self.use(devices, slots)
@@ -101,11 +101,16 @@ class SlotPool:
     def use(self, devices: Sequence[str], slots: int | None = None) -> None:
         """The devices the agent found once it ran, and ``UNICRON_SLOTS``: before any worker or
         spare took a slot. Raises SlotsError for more slots than devices on a GPU node."""
-        self.count = node_slots(slots, devices)
+        self._slots = node_slots(slots, devices)
         self.gpus = len(devices)
         self.found = list(devices)
-        self.devices = list(devices[: self.count])
+        self.devices = list(devices[: self._slots])
         self.retired.clear()
+
+    @property
+    def count(self) -> int:
+        """The node's slots: what it registers and the planner fills (a retired GPU is none)."""
+        return self._slots - len(self.retired)
 
     def acquire(self) -> int | None:
         """The lowest free slot, or None on a node without GPUs (nothing to hand out). Raises
@@ -146,14 +151,9 @@ class SlotPool:
         # present) it cannot be told which workers use it
         return GpuPlace(known=bool(self.found))
 
-    def retire(self, slot: int, why: str) -> bool:
-        """Hand ``slot`` out no more (its GPU is faulty) and count one slot fewer; False if it
-        was retired already."""
-        if slot in self.retired:
-            return False
-        self.retired[slot] = why
-        self.count = max(0, self.count - 1)
-        return True
+    def retire(self, slot: int, why: str) -> None:
+        """Hand ``slot`` out no more (its GPU is faulty): the node counts one slot fewer."""
+        self.retired.setdefault(slot, why)
 
     def retired_devices(self) -> dict[str, str]:
         """The retired GPUs by device, with their faults: what the node's record shows."""
