@@ -2,9 +2,11 @@
 
 Safe to repeat: the event id is derived from (job, generation) so NATS drops a re-published
 copy, and the job record is only changed while no failure is recorded for that generation.
-A failure of the generation that was started to recover from the previous one, within the
-escalation window and before that generation trained ``escalation_steps`` steps, escalates:
-reattempt → restart → reconfigure (docs/design.md §3). Advisory
+A failure of the generation that was started to recover from the previous one (the next, or the
+one after it where the in-place answer fell back to a checkpoint restart), within the escalation
+window and before that generation trained ``escalation_steps`` steps, escalates:
+reattempt → restart → reconfigure (docs/design.md §3). An exit before an in-place generation
+stepped is the executor's to answer (it restarts every rank), not recorded here. Advisory
 failures (a straggler) are published but leave the job running. A failure of a generation an
 admin's drill targeted carries the drill's fault id in ``evidence["drill"]``.
 A failure of the job's own code (``software_other``) fails the job once it happened more than
@@ -23,12 +25,14 @@ from unicron.shared.contracts.events import FailureDetected, JobStateChanged
 from unicron.shared.contracts.models import Job, JobState
 from unicron.shared.contracts.roles import ServiceRole
 from unicron.shared.contracts.taxonomy import (
+    FailureKind,
     RecoveryAction,
     Severity,
     escalate,
     severity_of,
     users_code,
 )
+from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
 
@@ -59,6 +63,21 @@ def _gives_up(job: Job, failure: FailureDetected, launch_failed: bool) -> str | 
     return f"{_what(failure)} ({where}); failed after {restarts} restart(s) (max_restarts)"
 
 
+def _left_to_fallback(job: Job, cause: Candidate) -> bool:
+    """An exit of an in-place generation before its first step: the executor answers it by
+    restarting every rank from the checkpoint (:mod:`unicron.services.executor.progress`).
+    Recording it too would answer one fault twice, and a survivor killed with its peer (whose
+    exit the regroup sent to it made the new generation's) would grade that restart as a failed
+    recovery. A fault that moves the job off its node, or one of the job's own code (counted
+    toward its ``max_restarts``), is still recorded: the fallback then leaves it to the plan."""
+    if cause.kind not in (FailureKind.CRASH, FailureKind.EXIT):
+        return False
+    if job.transition_kind != TransitionMode.IN_PLACE or job.stepping:
+        return False
+    _, action = severity_of(cause.category)
+    return action != RecoveryAction.RECONFIGURE and not users_code(cause.category)
+
+
 def _failure_id(cause: Candidate, advisory: bool) -> str:
     base = f"{cause.job_id}:{cause.generation}"
     return f"{base}:{cause.kind.value}:{cause.rank}" if advisory else base
@@ -78,7 +97,7 @@ class FailureRecorder:
         if action == RecoveryAction.REATTEMPT and not cause.lives_on:
             # The rank's process is gone or on its way out: there is no one to reattempt.
             action = RecoveryAction.RESTART
-        last = job.last_failure
+        last = job.answered_failure() if cause.generation == job.generation else None
         # A recovery that trained on for ``escalation_steps`` worked: what fails later is a
         # new fault, not the same one coming back.
         proven = (
@@ -91,7 +110,6 @@ class FailureRecorder:
             and not users_code(cause.category)
             and last is not None
             and not proven
-            and last.generation == cause.generation - 1
             and cause.observed_at - last.observed_at <= self.settings.escalation_window_s
         )
         if not repeated or last is None:
@@ -99,19 +117,26 @@ class FailureRecorder:
         escalated = escalate(last.action, action)
         return *escalated, {"escalated_from": action.value, "previous_failure": last.failure_id}
 
-    async def record(self, cause: Candidate) -> FailureDetected | None:
+    async def record(self, cause: Candidate) -> bool:
+        """Record ``cause`` unless its generation is gone or has its failure already. False
+        only when it is left to the executor's fallback: should the generation step on before
+        that acts, a later report of the same fault must still be heard."""
         log = get_logger(job_id=cause.job_id, node_id=cause.node_id)
         job = await self.state.get_job(cause.job_id)
         if job is None or job.state.terminal or cause.generation != job.generation:
             log.info("stale failure report ignored", generation=cause.generation)
-            return None
+            return True
+        if _left_to_fallback(job, cause):
+            log.info("exit before the in-place generation stepped: the executor restarts it",
+                     generation=cause.generation, rank=cause.rank)  # fmt: skip
+            return False
         severity, action, escalation = self._grade(job, cause)
         drill = await self.state.drill_of(cause.job_id, cause.generation)
         if drill is not None:
             escalation["drill"] = drill
         advisory = action == RecoveryAction.REPORT
         if not advisory and _already_recorded(job, cause.generation):
-            return None
+            return True
         failure = FailureDetected.of(
             cause.category,
             graded=(severity, action),
@@ -128,7 +153,12 @@ class FailureRecorder:
         )
         # The job record first: whoever sees the event finds the failure recorded.
         launch_failed = bool(cause.evidence.get("launch_failed"))
-        state_change = None if advisory else await self._mark_job(job, failure, launch_failed)
+        marked, state_change = (
+            (True, None) if advisory else await self._mark_job(job, failure, launch_failed)
+        )
+        if not marked:  # the job moved on (a fallback, a cancel) since it was read
+            log.info("failure of a generation no longer running", generation=cause.generation)
+            return True
         await self.bus.publish_event(failure)
         if state_change is not None:
             await self.bus.publish_event(state_change)
@@ -142,11 +172,12 @@ class FailureRecorder:
             latency_s=round(failure.detected_at - cause.observed_at, 4),
         )
         await self.health.blame(failure)
-        return failure
+        return True
 
     async def _mark_job(
         self, job: Job, failure: FailureDetected, launch_failed: bool
-    ) -> JobStateChanged | None:
+    ) -> tuple[bool, JobStateChanged | None]:
+        """Whether the job now records ``failure``, and the move of its state that announces."""
         marked = False
 
         def mark(j: Job) -> bool:
@@ -167,4 +198,6 @@ class FailureRecorder:
             return True
 
         updated = await self.state.update_job(job.id, mark)
-        return JobStateChanged.between(job, updated) if updated and marked else None
+        if updated is None or not marked:
+            return False, None
+        return True, JobStateChanged.between(job, updated)

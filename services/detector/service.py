@@ -65,8 +65,7 @@ class Detector:
     async def _emit(self, cause: Candidate) -> bool:
         if await self.liveness.stepped_on(cause):
             return False
-        await self.recorder.record(cause)
-        return True
+        return await self.recorder.record(cause)
 
     async def on_steps(self, batch: StepsCompleted) -> None:
         for step in batch.steps:

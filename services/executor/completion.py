@@ -17,14 +17,12 @@ async def complete_transition(
     bus: Bus, state: StateStore, job: Job, report: StepCompleted
 ) -> TransitionCompleted:
     """Announce that ``job``'s generation took its first step (``report``); returns the event."""
-    failure = job.last_failure
-    lag = 2 if job.transition_fallback else 1
-    answered = failure is not None and failure.generation == job.generation - lag
-    downtime = report.at - failure.observed_at if answered and failure else None
+    failure = job.answered_failure()
+    downtime = report.at - failure.observed_at if failure is not None else None
     started = job.transition_started_at or report.at
     action = job.transition or PlanAction.START
     source, resumed = _state_source(job, report)
-    phases = await _phases(state, job, report, failure if answered else None, started)
+    phases = await _phases(state, job, report, failure, started)
     event = TransitionCompleted(
         job_id=job.id,
         action=action,

@@ -194,7 +194,8 @@ class TransitionRunner:
     async def fall_back(self, job_id: str, generation: int, why: str) -> Job | None:
         """Abandon an in-place transition to ``generation`` that has not stepped yet: stop every
         worker and restart all ranks from the checkpoint, on the same placement. Safe to call
-        again (only the first call for a generation acts); returns the job when it acted."""
+        again (only the first call for a generation acts); returns the job when it acted. A
+        failure the detector recorded for the generation is the plan's to answer, not this."""
         before: Job | None = None
 
         def restart(job: Job) -> bool:
@@ -204,6 +205,7 @@ class TransitionRunner:
                 job.generation != generation
                 or job.transition_kind != TransitionMode.IN_PLACE
                 or job.stepping
+                or job.needs_recovery()
                 or job.state.terminal
                 or not job.workers
             ):

@@ -171,6 +171,16 @@ class Job(JobBase):
     workers: list[WorkerRecord] = Field(default_factory=list)
     history: list[HistoryEntry] = Field(default_factory=list)
 
+    def answered_failure(self) -> FailureRecord | None:
+        """The failure the current generation was started to recover from, or None (a start, a
+        resize, a failure not yet answered). It is the generation after the failure's, or the
+        one after that where the in-place answer fell back to restarting every rank."""
+        lag = 2 if self.transition_fallback else 1
+        failure = self.last_failure
+        return (
+            failure if failure is not None and failure.generation == self.generation - lag else None
+        )
+
     def entered(self) -> HistoryEntry | None:
         """The history entry that moved the job into its present state."""
         return next((e for e in reversed(self.history) if e.state == self.state), None)

@@ -30,12 +30,13 @@ def reset_by_peer(job: str, rank: int, node: str, gen: int = 1) -> WorkerExcepti
 
 
 def exited(
-    job: str, rank: int, node: str, exit_code: int | None, signal: int | None = None
+    job: str, rank: int, node: str, exit_code: int | None, signal: int | None = None, gen: int = 1
 ) -> WorkerExited:
-    """Rank ``rank`` of generation 1 ended (its pid, as in the other reports: 1000 + rank)."""
+    """Rank ``rank`` of generation ``gen`` ended (its pid, as in the other reports: 1000 +
+    rank)."""
     return WorkerExited(
-        node_id=node, job_id=job, generation=1, rank=rank, pid=1000 + rank, exit_code=exit_code,
-        signal=signal,
+        node_id=node, job_id=job, generation=gen, rank=rank, pid=1000 + rank,
+        exit_code=exit_code, signal=signal,
     )  # fmt: skip
 
 

@@ -6,21 +6,29 @@ import asyncio
 import random
 from typing import Any
 
+import pytest
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import CloudEvent
-from unicron.shared.contracts.models import FailureRecord, NodeState, now
+from unicron.shared.contracts.models import FailureRecord, Job, NodeState, now
 from unicron.shared.contracts.reports import StepCompleted, WorkerException
 from unicron.shared.store.state import StateStore
 
 from tests.detector.conftest import Cluster, next_event, no_event
-from tests.detector.test_correlation import reset_by_peer
+from tests.detector.test_correlation import exited, reset_by_peer
 
 
 async def reset_after_a_reattempt(
-    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], job_id: str, steps_since: int
+    cluster: Cluster,
+    bus: Bus,
+    events: asyncio.Queue[CloudEvent],
+    job_id: str,
+    steps_since: int,
+    generation: int = 2,
+    **fields: object,
 ) -> dict[str, Any]:
-    """A connection reset in generation 2, ``steps_since`` steps after generation 1's SEV3
-    failure at step 40 was reattempted; the failure.detected it gives."""
+    """A connection reset in ``generation`` (a field of the job record in ``fields``),
+    ``steps_since`` steps after generation 1's SEV3 failure at step 40 was reattempted; the
+    failure.detected it gives."""
     await cluster.add_node("node-0")
     earlier = FailureRecord(
         failure_id=f"{job_id}:1", generation=1, kind="exception", category="connection_reset",
@@ -28,9 +36,9 @@ async def reset_after_a_reattempt(
         step=40,
     )  # fmt: skip
     await cluster.add_job(
-        job_id, ["node-0"] * 2, generation=2, last_failure=earlier, step=40 + steps_since
+        job_id, ["node-0"] * 2, generation, last_failure=earlier, step=40 + steps_since, **fields
     )
-    await bus.publish_report(reset_by_peer(job_id, 1, "node-0", gen=2))
+    await bus.publish_report(reset_by_peer(job_id, 1, "node-0", gen=generation))
     return (await next_event(events, "failure.detected")).data
 
 
@@ -50,6 +58,51 @@ async def test_failure_after_a_reattempt_escalates_to_restart(
     failure = await reset_after_a_reattempt(cluster, bus, events, "job-h", steps_since=2)
     assert (failure["severity"], failure["action"]) == ("SEV2", "restart")
     assert failure["evidence"]["escalated_from"] == "reattempt"
+
+
+@pytest.mark.parametrize(
+    ("fallback", "escalated"), [("g2 r1 exited (signal 9)", True), (None, False)]
+)
+async def test_a_failure_of_the_restart_an_in_place_answer_fell_back_to_escalates(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], fallback: str | None,
+    escalated: bool,
+) -> None:  # fmt: skip
+    # Generation 2 answered generation 1's failure in place, its survivor was gone too, and the
+    # executor restarted every rank as generation 3: generation 3 failing is the same recovery
+    # not holding. With no fallback, generation 3 came from something else (a resize).
+    failure = await reset_after_a_reattempt(
+        cluster, bus, events, f"job-f{escalated:d}", 2, generation=3, transition_fallback=fallback
+    )
+    assert ("escalated_from" in failure["evidence"]) is escalated
+    assert failure["action"] == ("restart" if escalated else "reattempt")
+
+
+async def test_a_survivor_dying_before_its_regroup_stepped_is_left_to_the_executor(
+    cluster: Cluster, bus: Bus, events: asyncio.Queue[CloudEvent], state: StateStore
+) -> None:
+    # Both ranks were killed at once: generation 2 was to re-form around rank 1, whose exit is
+    # generation 2's since the regroup went to it. The executor restarts every rank for that;
+    # recording it too answered the fault twice and graded it up to a reconfigure.
+    await cluster.add_node("node-0")
+    earlier = FailureRecord(
+        failure_id="job-v:1", generation=1, kind="crash", category="exited_abnormally",
+        severity="SEV2", action="restart", observed_at=now() - 1, rank=0, node_id="node-0",
+    )  # fmt: skip
+    await cluster.add_job(
+        "job-v", ["node-0"] * 2, 2, last_failure=earlier, transition_kind="in_place"
+    )
+    await bus.publish_report(exited("job-v", 1, "node-0", None, signal=9, gen=2))
+    await no_event(events, "failure.detected", within_s=1.0)
+
+    def stepped(job: Job) -> bool:
+        job.stepping = True
+        return True
+
+    # Had generation 2 stepped meanwhile (no fallback then), its next report is still heard.
+    await state.update_job("job-v", stepped)
+    await bus.publish_report(exited("job-v", 0, "node-0", None, signal=9, gen=2))
+    failure = (await next_event(events, "failure.detected")).data
+    assert (failure["generation"], failure["rank"]) == (2, 0)
 
 
 async def test_node_failing_repeatedly_is_quarantined_then_released(

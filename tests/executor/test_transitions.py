@@ -251,6 +251,19 @@ async def test_a_joiner_that_dies_falls_back_to_the_checkpoint(
     assert done.fallback is not None and done.downtime_s is not None
 
 
+async def test_a_failure_the_detector_recorded_of_the_regroup_is_left_to_the_plan(
+    executor: Executor, state: StateStore, agents: dict[str, FakeAgent]
+) -> None:
+    # A survivor that raised during the regroup (a fault the detector grades and the planner
+    # answers, maybe elsewhere) must not also be restarted on the same placement.
+    job = await rank_2_restarted(executor, state, agents)
+    await fail(state, job.id, "reconfigure", rank=0, kind="exception")
+    assert await executor.transitions.fall_back(job.id, 2, "g2 r0 on n0 exited (code 1)") is None
+    after = await state.get_job(job.id)
+    assert after is not None and after.generation == 2 and after.transition_fallback is None
+    assert not [c for c in agents["n0"].of(StartWorker) if c.generation == 3]
+
+
 async def test_a_transition_that_never_steps_falls_back_on_reconcile(
     executor: Executor, state: StateStore, agents: dict[str, FakeAgent]
 ) -> None:
