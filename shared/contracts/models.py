@@ -170,6 +170,7 @@ class Job(JobBase):
 
     workers: list[WorkerRecord] = Field(default_factory=list)
     history: list[HistoryEntry] = Field(default_factory=list)
+    step_generation: int = Field(0, description="the generation whose rank 0 reported ``step``")
 
     def answered_failure(self) -> FailureRecord | None:
         """The failure the current generation was started to recover from, or None (a start, a
