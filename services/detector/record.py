@@ -97,7 +97,7 @@ class FailureRecorder:
         if action == RecoveryAction.REATTEMPT and not cause.lives_on:
             # The rank's process is gone or on its way out: there is no one to reattempt.
             action = RecoveryAction.RESTART
-        last = job.answered_failure() if cause.generation == job.generation else None
+        last = job.answered_failure()  # record() took only a cause of the current generation
         # A recovery that trained on for ``escalation_steps`` worked: what fails later is a
         # new fault, not the same one coming back.
         proven = (

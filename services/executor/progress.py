@@ -61,17 +61,18 @@ def _exit_text(report: WorkerExited) -> str:
     return f"g{report.generation} r{report.rank} on {report.node_id} exited ({how}{by})"
 
 
-def _late_step(job: Job, report: StepCompleted) -> bool:
-    """A step of a job that has ended counts for its figures, if rank 0 went further: the step's
-    report can come after the exit that ended the job (its fast copy lost, its stream copy late)."""
-    if report.rank != 0 or report.step <= job.step:
+def _record_step(job: Job, report: StepCompleted) -> bool:
+    """Rank 0's step becomes the job's step and loss; False when it changes nothing. A new
+    generation may resume below the job's step (a rollback). Within one generation, or once the
+    job ended, a lower step is a late copy of an earlier report (its fast copy lost, its stream
+    copy overtaken), and a higher one still counts after the exits that ended the job."""
+    late = report.step < job.step and (
+        report.generation == job.step_generation or job.state.terminal
+    )
+    if report.rank != 0 or report.step == job.step or late:
         return False
-    _record_step(job, report)
-    return True
-
-
-def _record_step(job: Job, report: StepCompleted) -> None:
     job.step, job.loss, job.step_generation = report.step, report.loss, report.generation
+    return True
 
 
 def _each_rank(reports: list[AnyReport]) -> Iterator[AnyReport]:
@@ -210,7 +211,7 @@ class ProgressTracker:
     @staticmethod
     def _advance(job: Job, report: StepCompleted) -> tuple[bool, StepCompleted | None]:
         if job.state.terminal:  # a late step of a cancelled job never revives it
-            return _late_step(job, report), None
+            return _record_step(job, report), None
         # a late step of a generation already recorded as failed starts nothing
         fresh = not job.needs_recovery()
         first_step = fresh and (job.state in _TRANSITIONING or not job.stepping)
@@ -221,11 +222,7 @@ class ProgressTracker:
             if job.state != JobState.RUNNING:  # RUNNING already once its workers started
                 reason = f"generation {job.generation} stepping"
                 job.set_state(JobState.RUNNING, reason, by=ServiceRole.EXECUTOR)
-        # A new generation may resume below the job's step (a rollback); within one generation
-        # a lower step is a late copy of an earlier report.
-        behind = report.generation == job.step_generation and report.step < job.step
-        if report.rank == 0 and report.step != job.step and not behind:
-            _record_step(job, report)
+        if _record_step(job, report):
             return True, began
         return first_step, began
 
