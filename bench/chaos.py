@@ -12,11 +12,12 @@ Redis primary (the Sentinels promote the replica): the same checks must hold.
 
 Before the faults, each workload's job runs once failure-free on the same stack. Afterwards,
 from the event stream read from its start and from ``/proc``: each fault must have caused
-exactly one ``failure.detected`` (missed, duplicate), every job must have succeeded with the
-parameters and sample ledger of the failure-free run (:mod:`bench.chaos_exact`), no worker
-process may outlive its assignment, before or after the stack stops; recovery is each fault's
-``transition.completed`` downtime. Prints tables, then one JSON line. The stack's
-data directory (logs in ``stack/logs``) is kept for a post-mortem.
+exactly one ``failure.detected`` (missed, duplicate; a node declared lost whose agent the
+bench did not kill is a false node loss, :mod:`bench.chaos_losses`), every job must have
+succeeded with the parameters and sample ledger of the failure-free run
+(:mod:`bench.chaos_exact`), no worker process may outlive its assignment, before or after the
+stack stops; recovery is each fault's ``transition.completed`` downtime. Prints tables, then
+one JSON line. The stack's data directory (logs in ``stack/logs``) is kept for a post-mortem.
 
     python bench/chaos.py [--seed 0] [--faults 50] [--jobs 3] [--quick] [--ha] [--data-dir DIR]
 """
@@ -194,6 +195,8 @@ def summary(result: ChaosResult) -> dict[str, Any]:
         "missed_failures": a.missed,
         "duplicate_failures": a.duplicates,
         "unexplained_failures": len(a.unexplained),
+        "false_node_losses": len(a.false_node_losses),
+        "false_node_loss_failures": len(a.false_loss_failures),
         "misattributed_failures": sum(o.misattributed for o in a.outcomes),
         "orphan_workers": len(result.orphans),
         "exact_semantics": bool(jobs) and all(e.exact for e in result.exactness.values()),
@@ -201,6 +204,7 @@ def summary(result: ChaosResult) -> dict[str, Any]:
         "recovery_p99_s": _figure(percentile(recoveries, 99)),
         "recovery_max_s": _figure(max(recoveries, default=None)),
         "recovery_p99_during_kill_s": _figure(percentile(a.recoveries(overlapped=True), 99)),
+        "recovery_p99_outside_kills_s": _figure(percentile(a.recoveries(overlapped=False), 99)),
         "recoveries_over_2s": sum(r > 2.0 for r in recoveries),
         "unrecovered_faults": sum(r == math.inf for r in recoveries),
         "node_loss_recovery_max_s": _figure(max(a.agent_recoveries, default=None)),

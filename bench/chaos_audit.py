@@ -15,6 +15,10 @@ second failure for one fault has its own id. A failure belongs to
    duplicate;
 4. else nothing: unexplained (a false alarm, or a failure the bench did not cause).
 
+A ``node_lost`` failure of a node whose agent the bench did not kill is a false node loss
+(:mod:`bench.chaos_losses`), never a duplicate nor unexplained; if it struck a job recovering
+from a fault, that recovery lasts until the job recovered from the loss too.
+
 Advisory failures (``action: report``, stragglers) need no recovery and are only counted.
 """
 
@@ -23,20 +27,24 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
+from bench.chaos_losses import (
+    HEARTBEAT_SLACK_S,
+    Event,
+    FalseNodeLoss,
+    false_loss_event,
+    false_loss_failure,
+)
 from bench.chaos_plan import is_infra
 from bench.chaos_records import ActionRecord, Injection
 
-Event = dict[str, Any]
 # The failure kind each injected fault must be recorded as.
 EXPECTED_KIND = {"crash": "crash", "exit": "exit", "exception": "exception", "hang": "hang"}
 # Failures this long after a killed agent served again are still its: its node's jobs may
 # still be recovering, and no fault was injected into them meanwhile (they were not whole).
 AGENT_GRACE_S = 60.0
-HEARTBEAT_SLACK_S = 5.0  # a node's last heartbeat before its agent was killed
 # The API answering again after a server restart does not mean every client has reconnected
 # (each backs off on its own): the outage's reach is counted this much longer.
 RECONNECT_TAIL_S = 5.0
@@ -60,8 +68,20 @@ class FaultOutcome:
     injection: Injection
     failures: list[Event] = field(default_factory=list)  # failure.detected data, in time order
     recovery_s: float | None = None
+    false_losses: list[FalseNodeLoss] = field(default_factory=list)  # of its job, meanwhile
     transition: Event | None = None  # the transition.completed data that ended the recovery
-    overlapping: list[str] = field(default_factory=list)  # kills/restarts during the recovery
+    kills: list[ActionRecord] = field(default_factory=list)  # kills/restarts during the recovery
+
+    @property
+    def overlapping(self) -> list[str]:
+        return [k.plan.target for k in self.kills]
+
+    @property
+    def interruptions(self) -> list[Event]:
+        """Every failure its job's recovery answered, false node losses included, in time
+        order."""
+        lost = [loss.failure for loss in self.false_losses if loss.failure is not None]
+        return sorted(self.failures + lost, key=lambda f: f["observed_at"])
 
     @property
     def recovered_in(self) -> float | None:
@@ -87,6 +107,8 @@ class Audit:
     agent_recoveries: list[float]
     unexplained: list[Event]
     advisory: int
+    false_node_losses: list[FalseNodeLoss] = field(default_factory=list)  # node.lost events
+    false_loss_failures: list[FalseNodeLoss] = field(default_factory=list)  # their failures
 
     @property
     def missed(self) -> int:
@@ -159,10 +181,10 @@ def recovery_after(
     return done, float(done["downtime_s"]) + last["observed_at"] - first["observed_at"]
 
 
-def _overlaps(outcome: FaultOutcome, actions: list[ActionRecord]) -> list[str]:
+def _overlaps(outcome: FaultOutcome, actions: list[ActionRecord]) -> list[ActionRecord]:
     if outcome.recovered_in is None:
         return []
-    start = outcome.failures[0]["observed_at"]
+    start = outcome.interruptions[0]["observed_at"]
     end = start + outcome.recovered_in
     found = []
     for a in actions:
@@ -170,33 +192,48 @@ def _overlaps(outcome: FaultOutcome, actions: list[ActionRecord]) -> list[str]:
         if is_infra(a.plan.target):
             back += RECONNECT_TAIL_S
         if a.killed_at <= end and back >= start:
-            found.append(a.plan.target)
+            found.append(a)
     return found
 
 
+def _file(failure: Event, result: Audit, actions: list[ActionRecord]) -> None:
+    """Count ``failure`` in ``result``: advisory, a false node loss (with the recovery it
+    struck, if any), an agent kill's, a fault's, or unexplained."""
+    if failure["action"] == "report":
+        result.advisory += 1
+        return
+    owner = _owner(failure, [o.injection for o in result.outcomes], actions)
+    outcome = next((o for o in result.outcomes if o.injection is owner), None)
+    false_loss = false_loss_failure(failure, actions)
+    if false_loss is not None:
+        result.false_loss_failures.append(false_loss)
+        if outcome is not None:
+            outcome.false_losses.append(false_loss)
+    elif outcome is not None:
+        outcome.failures.append(failure)
+    elif owner == "agent":
+        result.agent_failures.append(failure)
+    else:
+        result.unexplained.append(failure)
+
+
 def audit(events: list[Event], injections: list[Injection], actions: list[ActionRecord]) -> Audit:
+    unique = list({e["id"]: e for e in events}.values())  # a replayed event counts once
     by_type: dict[str, list[Event]] = {}
-    for event in {e["id"]: e for e in events}.values():  # a replayed event counts once
+    for event in unique:
         by_type.setdefault(event["type"], []).append(event["data"])
-    failures = sorted(by_type.get("failure.detected", []), key=lambda f: f["observed_at"])
+    result = Audit([FaultOutcome(i) for i in injections], [], [], [], 0)
+    lost = [false_loss_event(e, actions) for e in unique if e["type"] == "node.lost"]
+    result.false_node_losses = sorted(filter(None, lost), key=lambda loss: loss.declared_at)
+    for failure in sorted(by_type.get("failure.detected", []), key=lambda f: f["observed_at"]):
+        _file(failure, result, actions)
     transitions = by_type.get("transition.completed", [])
-    outcomes = {id(i): FaultOutcome(i) for i in injections}
-    result = Audit(list(outcomes.values()), [], [], [], 0)
-    for failure in failures:
-        if failure["action"] == "report":
-            result.advisory += 1
-            continue
-        owner = _owner(failure, injections, actions)
-        if owner == "agent":
-            result.agent_failures.append(failure)
-        elif isinstance(owner, Injection):
-            outcomes[id(owner)].failures.append(failure)
-        else:
-            result.unexplained.append(failure)
     for outcome in result.outcomes:
         if outcome.failures:
-            outcome.transition, outcome.recovery_s = recovery_after(outcome.failures, transitions)
-            outcome.overlapping = _overlaps(outcome, actions)
+            outcome.transition, outcome.recovery_s = recovery_after(
+                outcome.interruptions, transitions
+            )
+            outcome.kills = _overlaps(outcome, actions)
     for failure in result.agent_failures:
         _, seconds = recovery_after([failure], transitions)
         if seconds is not None:

@@ -1,5 +1,6 @@
 """The human side of a chaos run's result: what happened to each kind of fault, what each kill
-overlapped, how each job ended, and the slowest recoveries with their phases."""
+overlapped, how each job ended, the node losses the bench did not cause, and the slowest
+recoveries with their phases."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from bench.chaos_audit import Audit, FaultOutcome
 from bench.chaos_exact import Exactness
+from bench.chaos_losses import FalseNodeLoss
 from bench.chaos_plan import FAILING_KINDS, ChaosPlan
 from bench.chaos_procs import StackProcess
 from bench.chaos_records import ChaosLog, SubmittedJob
@@ -44,15 +46,22 @@ def _diff(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
 
+def run_start(log: ChaosLog) -> float:
+    """The time the tables count seconds from: the first fault's injection."""
+    return min((i.at for i in log.injections), default=0.0)
+
+
 def _faults_table(audit: Audit) -> Table:
     table = Table(title="Chaos: injected faults → failure.detected → recovery (s)")
     for column in ("fault", "injected", "detected once", "missed", "duplicate",
-                   "misattributed", "p50", "p99", "max", "during a kill"):  # fmt: skip
+                   "misattributed", "p50", "p99", "max", "during a kill",
+                   "outside kills"):  # fmt: skip
         table.add_column(column, justify="left" if column == "fault" else "right")
     for kind in [k.value for k in FAILING_KINDS] + ["all"]:
         rows = [o for o in audit.outcomes if kind in ("all", o.injection.fault.kind.value)]
         times = [o.recovered_in for o in rows if o.recovered_in is not None]
-        killed = [o.recovered_in for o in rows if o.recovered_in is not None and o.overlapping]
+        killed = [o.recovered_in for o in rows if o.recovered_in is not None and o.kills]
+        quiet = [o.recovered_in for o in rows if o.recovered_in is not None and not o.kills]
         table.add_row(
             kind, str(len(rows)), str(sum(len(o.failures) == 1 for o in rows)),
             str(sum(not o.failures for o in rows)),
@@ -60,6 +69,7 @@ def _faults_table(audit: Audit) -> Table:
             str(sum(o.misattributed for o in rows)), _s(median(times)),
             _s(percentile(times, 99)), _s(max(times, default=None)),
             f"{len(killed)} (max {_s(max(killed, default=None))})",
+            f"{len(quiet)} (p99 {_s(percentile(quiet, 99))})",
         )  # fmt: skip
     return table
 
@@ -69,10 +79,10 @@ def _actions_table(result: ChaosResult) -> Table:
     for column in ("target", "after fault", "killed at s", "down s", "back after s",
                    "recoveries it overlapped"):  # fmt: skip
         table.add_column(column, justify="left" if column == "target" else "right")
-    start = min((i.at for i in result.log.injections), default=0.0)
+    start = run_start(result.log)
     for record in result.log.actions:
         plan = record.plan
-        overlapped = [o for o in result.audit.outcomes if plan.target in o.overlapping]
+        overlapped = [o for o in result.audit.outcomes if record in o.kills]
         back = record.back_at - record.killed_at if record.back_at else None
         table.add_row(
             plan.target, f"lane {plan.lane} #{plan.order} +{plan.delay_s:.2f}s",
@@ -116,6 +126,28 @@ def _slowest_table(outcomes: list[FaultOutcome]) -> Table:
     return table
 
 
+def _loss_seen_as(loss: FalseNodeLoss) -> str:
+    """The event a false node loss was seen in: the node's, or one job's failure."""
+    failure = loss.failure
+    if failure is None:
+        return "node.lost"
+    return f"failure {failure['job_id']} g{failure['generation']} r{failure['rank']}"
+
+
+def _false_losses_table(losses: list[FalseNodeLoss], start: float) -> Table:
+    table = Table(title="Chaos: false node losses (the bench never killed these nodes' agents)")
+    for column in ("node", "what", "last heartbeat s", "declared s", "after kill",
+                   "kill before s"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("node", "what") else "right")
+    for loss in sorted(losses, key=lambda loss: loss.declared_at):
+        table.add_row(
+            loss.node_id, _loss_seen_as(loss), f"{loss.last_heartbeat - start:.1f}",
+            f"{loss.declared_at - start:.1f}", loss.after.plan.target if loss.after else "-",
+            _s(loss.kill_lead_s),
+        )  # fmt: skip
+    return table
+
+
 def notes(result: ChaosResult) -> list[str]:
     """One line per thing that went wrong or needs a look, for a person or a test message."""
     notes = list(result.log.notes)
@@ -137,6 +169,13 @@ def notes(result: ChaosResult) -> list[str]:
             f"unexplained failure: {failure['job_id']} g{failure['generation']} "
             f"{failure['kind']}/{failure['category']} r{failure['rank']}"
         )
+    for loss in result.audit.false_node_losses:
+        after = (
+            f"{_s(loss.kill_lead_s)} s after the {loss.after.plan.target} kill"
+            if loss.after
+            else "with no kill before it"
+        )
+        notes.append(f"false node loss: {loss.node_id} declared lost {after}")
     if result.audit.agent_recoveries:
         times = ", ".join(_s(t) for t in result.audit.agent_recoveries)
         notes.append(f"agent kill: {len(result.audit.agent_failures)} failures, recoveries {times}")
@@ -148,6 +187,8 @@ def print_tables(result: ChaosResult) -> None:
     console.print(_faults_table(result.audit))
     console.print(_actions_table(result))
     console.print(_jobs_table(result))
+    losses = result.audit.false_node_losses + result.audit.false_loss_failures
+    console.print(_false_losses_table(losses, run_start(result.log)))
     console.print(_slowest_table(result.audit.outcomes))
     for note in notes(result):
         console.print(f"[yellow]{note}[/yellow]")

@@ -1,18 +1,23 @@
 """How the chaos bench counts what a fault caused, from the event stream: one failure per
-fault, a second one for the same fault is a duplicate, none is a miss, and a failure nobody
-injected is a false alarm, not a duplicate."""
+fault, a second one for the same fault is a duplicate, none is a miss, a failure nobody
+injected is a false alarm, not a duplicate, and a node declared lost whose agent the bench did
+not kill is a false node loss; and how it splits the recovery times around kills."""
 
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from unicron.shared.contracts.messages import FaultKind
 
-from bench.chaos_audit import audit
-from bench.chaos_plan import ActionPlan, FaultPlan
-from bench.chaos_records import ActionRecord, Injection
+from bench.chaos import summary
+from bench.chaos_audit import Audit, audit
+from bench.chaos_plan import ActionPlan, FaultPlan, make_plan
+from bench.chaos_records import ActionRecord, ChaosLog, Injection
+from bench.chaos_report import ChaosResult
 
 JOB = "job-0123456789ab"
 
@@ -34,10 +39,25 @@ def failure(generation: int, at: float, drill: str | None, **data: Any) -> dict[
             "data": fields}  # fmt: skip
 
 
-def recovered(generation: int, downtime_s: float) -> dict[str, Any]:
-    data = {"job_id": JOB, "generation": generation, "downtime_s": downtime_s}
+def recovered(generation: int, downtime_s: float, **data: Any) -> dict[str, Any]:
+    data |= {"job_id": JOB, "generation": generation, "downtime_s": downtime_s}
     return {"id": f"transition.completed:{JOB}:{generation}", "type": "transition.completed",
             "data": data}  # fmt: skip
+
+
+def node_lost(node_id: str, last_heartbeat: float, declared_at: float) -> dict[str, Any]:
+    data = {"node_id": node_id, "boot_id": "boot-1", "last_heartbeat": last_heartbeat}
+    return {"id": f"node.lost:{node_id}:boot-1:{last_heartbeat:.3f}", "type": "node.lost",
+            "time": datetime.fromtimestamp(declared_at, UTC).isoformat(), "data": data}  # fmt: skip
+
+
+def lost_failure(generation: int, node_id: str, last_heartbeat: float, declared_at: float) -> Any:
+    return failure(generation, last_heartbeat, None, kind="node_lost", category="node_down",
+                   node_id=node_id, detected_at=declared_at)  # fmt: skip
+
+
+def killed(target: str, at: float, down_s: float = 1.0, back_s: float = 2.0) -> ActionRecord:
+    return ActionRecord(ActionPlan(target, 0, 1, 0.1, down_s), at, at + down_s, at + back_s)
 
 
 def test_each_fault_is_matched_to_its_failure_and_recovery_even_when_replayed() -> None:
@@ -89,3 +109,53 @@ def test_the_loss_of_a_killed_agents_node_is_the_kills_though_seen_at_its_last_h
     result = audit([lost], [], [kill])
     assert (len(result.agent_failures), result.unexplained) == (1, [])
     assert len(audit([elsewhere], [], [kill]).unexplained) == 1
+
+
+def test_a_node_lost_whose_agent_was_never_killed_is_a_false_loss_not_a_duplicate() -> None:
+    fault = injected(0, 10.0, 1, None)
+    redis = killed("redis-server", 10.5)
+    # Redis died while the job recovered; once back, the detector found node-0 silent.
+    events = [failure(1, 10.1, "cmd-0"), node_lost("node-0", 10.4, 14.0),
+              lost_failure(2, "node-0", 10.4, 14.0), recovered(3, 4.0)]  # fmt: skip
+    result = audit(events, [fault], [redis])
+    assert (result.duplicates, result.unexplained, result.agent_failures) == (0, [], [])
+    [event], [lost] = result.false_node_losses, result.false_loss_failures
+    assert (event.node_id, event.failure, event.after) == ("node-0", None, redis)
+    assert event.kill_lead_s == pytest.approx(3.5)
+    assert lost.failure is not None and lost.failure["generation"] == 2
+    assert result.outcomes[0].false_losses == [lost]
+    # the job recovered only once it recovered from the loss too: 10.1 → 10.4 + 4.0
+    assert result.recoveries() == pytest.approx([4.3])
+
+
+def test_a_node_lost_when_its_agent_was_killed_is_not_false_but_another_node_then_is() -> None:
+    agent = killed("agent-node-0", 15.0, down_s=2.0, back_s=10.0)
+    events = [node_lost("node-0", 14.4, 18.0), lost_failure(2, "node-0", 14.4, 18.0),
+              node_lost("node-1", 14.9, 18.1)]  # fmt: skip
+    result = audit(events, [], [agent])
+    assert len(result.agent_failures) == 1 and result.false_loss_failures == []
+    assert [(loss.node_id, loss.after) for loss in result.false_node_losses] == [("node-1", agent)]
+    # long after its agent was back, node-0's silence is no longer the kill's
+    later = audit([node_lost("node-0", 100.0, 103.0)], [], [agent])
+    assert [loss.node_id for loss in later.false_node_losses] == ["node-0"]
+
+
+def chaos_result(result: Audit, injections: list[Injection], actions: list[ActionRecord]) -> Any:
+    log = ChaosLog(injections=injections, actions=actions)
+    plan = make_plan(seed=0, faults=len(injections), lanes=1, quick=True)
+    return ChaosResult(plan, log, result, [], {}, {}, [], Path("/tmp/chaos"), 1.0)
+
+
+def test_the_p99_of_recoveries_is_split_between_during_and_outside_kills() -> None:
+    calm, hit = injected(0, 10.0, 1, 11.0), injected(1, 20.0, 2, 30.0)
+    executor = killed("executor", 20.5)
+    events = [failure(1, 10.1, "cmd-0"), recovered(2, 0.4), failure(2, 20.1, "cmd-1"),
+              recovered(3, 9.0)]  # fmt: skip
+    result = audit(events, [calm, hit], [executor])
+    assert result.recoveries(overlapped=False) == pytest.approx([0.4])
+    assert result.recoveries(overlapped=True) == pytest.approx([9.0])
+    figures = summary(chaos_result(result, [calm, hit], [executor]))
+    assert figures["recovery_p99_outside_kills_s"] == pytest.approx(0.4)
+    assert figures["recovery_p99_during_kill_s"] == pytest.approx(9.0)
+    assert figures["recovery_p99_s"] > 8.0
+    assert (figures["false_node_losses"], figures["false_node_loss_failures"]) == (0, 0)
