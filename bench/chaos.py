@@ -16,8 +16,9 @@ exactly one ``failure.detected`` (missed, duplicate; a node declared lost whose 
 bench did not kill is a false node loss, :mod:`bench.chaos_losses`), every job must have
 succeeded with the parameters and sample ledger of the failure-free run
 (:mod:`bench.chaos_exact`), no worker process may outlive its assignment, before or after the
-stack stops; recovery is each fault's ``transition.completed`` downtime. Prints tables, then
-one JSON line. The stack's data directory (logs in ``stack/logs``) is kept for a post-mortem.
+stack stops; recovery is each fault's ``transition.completed`` downtime, and each one over 2 s
+is explained (:mod:`bench.chaos_slow`). Prints tables, then one JSON line. The stack's data
+directory (logs in ``stack/logs``) is kept for a post-mortem.
 
     python bench/chaos.py [--seed 0] [--faults 50] [--jobs 3] [--quick] [--ha] [--data-dir DIR]
 """

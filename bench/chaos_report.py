@@ -1,6 +1,6 @@
 """The human side of a chaos run's result: what happened to each kind of fault, what each kill
-overlapped, how each job ended, the node losses the bench did not cause, and the slowest
-recoveries with their phases."""
+overlapped, how each job ended, the node losses the bench did not cause, and why each slow
+recovery was slow."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.chaos_audit import Audit, FaultOutcome
+from bench.chaos_audit import Audit
 from bench.chaos_exact import Exactness
 from bench.chaos_losses import FalseNodeLoss
 from bench.chaos_plan import FAILING_KINDS, ChaosPlan
 from bench.chaos_procs import StackProcess
 from bench.chaos_records import ChaosLog, SubmittedJob
+from bench.chaos_slow import SLOW_S, SlowRecovery, slow_recoveries
 from bench.harness import median, percentile
-
-SLOWEST = 10
 
 
 @dataclass
@@ -108,20 +107,20 @@ def _jobs_table(result: ChaosResult) -> Table:
     return table
 
 
-def _slowest_table(outcomes: list[FaultOutcome]) -> Table:
-    table = Table(title=f"Chaos: the {SLOWEST} slowest recoveries")
-    for column in ("job", "gen", "fault", "recorded as", "recovery s", "phases",
-                   "during", "fallback"):  # fmt: skip
+def _slow_table(slow: list[SlowRecovery]) -> Table:
+    table = Table(title=f"Chaos: why each recovery over {SLOW_S:g} s was slow (slowest first)")
+    for column in ("job", "gen", "fault", "recorded as", "recovery s", "downtime s",
+                   "phases s", "waited on"):  # fmt: skip
         table.add_column(column)
-    timed = [o for o in outcomes if o.recovered_in is not None]
-    for o in sorted(timed, key=lambda o: -(o.recovered_in or 0.0))[:SLOWEST]:
+    for row in slow:
+        o = row.outcome
         first, done = o.failures[0], o.transition or {}
-        phases = " ".join(f"{k}={v:.2f}" for k, v in (done.get("phases") or {}).items())
+        phases = " ".join(f"{k}={v:.2f}" for k, v in row.phases.items())
         table.add_row(
             o.injection.job_id, str(first["generation"]),
             f"{o.injection.fault.kind.value} r{o.injection.fault.rank}",
-            f"{first['kind']}/{first['category']} r{first['rank']}", _s(o.recovered_in), phases,
-            ",".join(o.overlapping) or "-", str(done.get("fallback") or "-"),
+            f"{first['kind']}/{first['category']} r{first['rank']}", _s(o.recovered_in),
+            _s(done.get("downtime_s")), phases or "-", "; ".join(row.waited_on) or "-",
         )  # fmt: skip
     return table
 
@@ -189,7 +188,7 @@ def print_tables(result: ChaosResult) -> None:
     console.print(_jobs_table(result))
     losses = result.audit.false_node_losses + result.audit.false_loss_failures
     console.print(_false_losses_table(losses, run_start(result.log)))
-    console.print(_slowest_table(result.audit.outcomes))
+    console.print(_slow_table(slow_recoveries(result.audit.outcomes)))
     for note in notes(result):
         console.print(f"[yellow]{note}[/yellow]")
     console.print(f"advisory failures (stragglers, no recovery): {result.audit.advisory}")

@@ -1,10 +1,11 @@
 """How the chaos bench counts what a fault caused, from the event stream: one failure per
 fault, a second one for the same fault is a duplicate, none is a miss, a failure nobody
 injected is a false alarm, not a duplicate, and a node declared lost whose agent the bench did
-not kill is a false node loss; and how it splits the recovery times around kills."""
+not kill is a false node loss; and how it splits and explains the recovery times."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +18,8 @@ from bench.chaos import summary
 from bench.chaos_audit import Audit, audit
 from bench.chaos_plan import ActionPlan, FaultPlan, make_plan
 from bench.chaos_records import ActionRecord, ChaosLog, Injection
-from bench.chaos_report import ChaosResult
+from bench.chaos_report import ChaosResult, print_tables
+from bench.chaos_slow import slow_recoveries
 
 JOB = "job-0123456789ab"
 
@@ -159,3 +161,27 @@ def test_the_p99_of_recoveries_is_split_between_during_and_outside_kills() -> No
     assert figures["recovery_p99_during_kill_s"] == pytest.approx(9.0)
     assert figures["recovery_p99_s"] > 8.0
     assert (figures["false_node_losses"], figures["false_node_loss_failures"]) == (0, 0)
+
+
+def test_each_slow_recovery_is_explained_by_its_phases_and_what_it_waited_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    quick, slow = injected(0, 10.0, 1, 11.0), injected(1, 20.0, 2, 30.0)
+    slower = dataclasses.replace(injected(2, 40.0, 3, 50.0), warm=False)
+    planner = killed("planner", 20.6)
+    phases = {"detect": 0.1, "plan": 3.5, "regroup": 0.8, "state_transfer": 0.3, "first_step": 0.2}
+    events = [failure(1, 10.1, "cmd-0"), recovered(2, 0.4), failure(2, 20.1, "cmd-1"),
+              recovered(3, 5.0, phases=phases, kind="in_place"), failure(3, 40.1, "cmd-2"),
+              recovered(4, 7.0, phases={"first_step": 6.0}, kind="checkpoint",
+                        state_source="disk")]  # fmt: skip
+    result = audit(events, [quick, slow, slower], [planner])
+    explained = slow_recoveries(result.outcomes)
+    assert [row.outcome.injection for row in explained] == [slower, slow]  # slowest first
+    [no_spare, waited] = explained
+    assert waited.phases == pytest.approx(phases | {"unphased": 0.4})
+    assert waited.longest_phase == "plan"
+    assert waited.waited_on == ["planner kill -9 at +0.5 s", "mostly the planner"]
+    assert no_spare.waited_on[:2] == ["no warm spare", "checkpoint restart (state: disk)"]
+    print_tables(chaos_result(result, [quick, slow, slower], [planner]))
+    table = capsys.readouterr().out.split("slow (slowest first)")[1]
+    assert "plan=3.50" in table and "unphased=0.40" in table and "no warm spare" in table
