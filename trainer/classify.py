@@ -9,8 +9,9 @@ The rules are tried in order and the first match wins. The order encodes one pri
 most specific *cause* beats the wrapper that carries it. NCCL and torch wrap lower-level
 errors ("NCCL error in: …, unhandled cuda error … Last error: Cuda failure 'an illegal memory
 access was encountered'"), so GPU hardware comes first, then memory, then the collective
-timeout (a watchdog report names ALLREDUCE and peers, but is a timeout, not a network fault),
-then the network causes, then generic CUDA, and only then "some NCCL error".
+timeout (a watchdog report names ALLREDUCE and peers, but is a timeout, not a network fault)
+after the ranks' disagreeing on a collective (gloo reports that from its transport), then the
+network causes, then generic CUDA, and only then "some NCCL error".
 
 Where the texts come from (the patterns match these formats; see the tests for full strings):
 
@@ -46,6 +47,15 @@ Where the texts come from (the patterns match these formats; see the tests for f
   waiting Nms for recv operation to complete" — gloo's collective timeout, the CPU
   counterpart of the NCCL watchdog's, so it is ``nccl_timeout``; ``transport/tcp/socket.cc``
   "connect: Connection refused".
+- A collective mismatch: gloo ``transport/tcp/pair.cc`` enforces "op.preamble.length <=
+  op.nbytes. 2112 vs 4. Received data size doesn't match expected size. Is there a distributed
+  collective mismatch in your code?" (a ``gloo::EnforceNotMet`` thrown on gloo's own thread:
+  the process aborts, see :mod:`unicron.services.agent.tracebacks`); torch
+  ``c10d/ProcessGroupWrapper.cpp`` (with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``): "Detected
+  mismatch between collectives on ranks. Rank 0 is running collective:
+  CollectiveFingerPrint(…), but Rank 1 is running …"; NCCL
+  ``ncclGetErrorString(ncclInvalidUsage)``: "invalid usage (run with NCCL_DEBUG=WARN for
+  details)", then "ncclInvalidUsage: This usually reflects invalid usage of NCCL library."
 - torch ``c10d/socket.cpp`` ``SocketConnectOp``: "The client socket has timed out after Nms
   while trying to connect to (host, port).", "… has failed to connect to any network address
   of (…)"; ``c10d/Utils.hpp`` ``SYSCHECK``/``recvBytes``: "Socket Timeout", "Failed to recv,
@@ -105,6 +115,18 @@ RULES: list[tuple[C, re.Pattern[str]]] = [
             r"^MemoryError\b",
             r"CUBLAS_STATUS_ALLOC_FAILED",
             flags=re.IGNORECASE | re.MULTILINE,
+        ),
+    ),
+    # --- the ranks disagree on a collective: the job's own fault, though it surfaces in the
+    # transport (gloo's enforce names pair.cc) or as NCCL's error.
+    (
+        C.COLLECTIVE_MISMATCH,
+        _any(
+            r"collective mismatch",  # gloo: "Is there a distributed collective mismatch …"
+            r"Received data size doesn't match expected size",
+            r"Detected mismatch between collectives",  # TORCH_DISTRIBUTED_DEBUG=DETAIL
+            r"\bncclInvalidUsage\b",
+            r"invalid usage \(run with NCCL_DEBUG",  # ncclGetErrorString(ncclInvalidUsage)
         ),
     ),
     # --- the collective timed out: it names the op and peers, but the timeout is the fact.

@@ -3,8 +3,11 @@
 A script that does not use Unicron's training API reports nothing in-band; when it exits
 non-zero its agent reads the last ``TAIL_BYTES`` of its stdout+stderr and takes the last Python
 exception (``Type: message`` after the last ``Traceback``, with the exceptions of its chain) or,
-failing that, the last line that names an NCCL / CUDA / gloo error, and classifies it with the
-trainer's own classifier, so a script's failure lands in the same taxonomy as the runtime's.
+failing that, the C++ exception the process aborted on (``terminate called after throwing an
+instance of 'gloo::EnforceNotMet'`` then ``what():  …``: one thrown on a library's own thread,
+which no Python code could catch) or the last line that names an NCCL / CUDA / gloo error, and
+classifies it with the trainer's own classifier, so a script's failure lands in the same
+taxonomy as the runtime's.
 
 ``dist.init_process_group`` installs an excepthook that writes every line of a traceback as
 ``[rankN]: <line>`` (``torch.distributed.distributed_c10d``): that prefix is taken off first, or
@@ -37,6 +40,12 @@ _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ", re.MULTILINE)
 # thread still running at exit calls std::terminate in some runs): not the message.
 _DEATH_RATTLE = re.compile(
     r"^(terminate called |Fatal Python error: |Current thread 0x|Thread 0x|Extension modules: )"
+)
+
+# std::terminate's words for an uncaught C++ exception: its type, then its what() below.
+_UNCAUGHT = re.compile(
+    r"^terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.*)$",
+    re.MULTILINE,
 )
 
 
@@ -112,6 +121,19 @@ def _from_traceback(text: str) -> tuple[str, str] | None:
     return exc_type, "\n".join([message, *causes]).strip()
 
 
+def _from_uncaught(text: str) -> tuple[str, str] | None:
+    """(C++ type, what()) of the last uncaught C++ exception; what() may span lines (NCCL's
+    details), up to a blank line or the rest of the death rattle."""
+    found = list(_UNCAUGHT.finditer(text))
+    if not found:
+        return None
+    last = found[-1]
+    after = text[last.end() :].split("\n")[1:MAX_LINES]
+    blank = next((i for i, line in enumerate(after) if not line.strip()), len(after))
+    message = "\n".join([last.group(2).rstrip(), *_message_lines(after[:blank])])
+    return last.group(1), message.strip()
+
+
 def _from_lines(text: str) -> tuple[str, str] | None:
     """Without a traceback: the last ``SomeError: …`` line with what follows it, or the last
     line the classifier recognises (an NCCL, CUDA or gloo error)."""
@@ -162,5 +184,5 @@ def classify_traceback(text: str) -> ScriptFailure | None:
 def classify_log(text: str) -> ScriptFailure | None:
     """The failure the text of a dead worker's log tells of, or None when it tells of none."""
     text = _RANK_PREFIX.sub("", text)
-    found = _from_traceback(text) or _from_lines(text)
+    found = _from_traceback(text) or _from_uncaught(text) or _from_lines(text)
     return None if found is None else failure_of(*found)

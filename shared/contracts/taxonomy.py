@@ -57,6 +57,9 @@ class FailureCategory(str, Enum):
     LINK_FLAPPING = "link_flapping"
     NETWORK_OTHER = "network_other"
     NAN_LOSS = "nan_loss"
+    # The ranks disagree on a collective (its op, size or order), or the communication library
+    # says it was used wrongly: the job's code or its checkpoint, never the node it ran on.
+    COLLECTIVE_MISMATCH = "collective_mismatch"
     SOFTWARE_OTHER = "software_other"
     EXITED_ABNORMALLY = "exited_abnormally"
     TASK_HANG = "task_hang"
@@ -83,6 +86,7 @@ SEVERITY_TABLE: dict[FailureCategory, tuple[Severity, RecoveryAction]] = {
     FailureCategory.NCCL_ERROR: _SEV2,
     FailureCategory.OOM: _SEV2,
     FailureCategory.NAN_LOSS: _SEV2,
+    FailureCategory.COLLECTIVE_MISMATCH: _SEV2,
     FailureCategory.SOFTWARE_OTHER: _SEV2,
     FailureCategory.CONNECTION_REFUSED: _SEV3,
     FailureCategory.CONNECTION_RESET: _SEV3,
@@ -93,6 +97,12 @@ SEVERITY_TABLE: dict[FailureCategory, tuple[Severity, RecoveryAction]] = {
 
 # An action that fails again escalates one level up this ladder (docs/design.md §3).
 ESCALATION: tuple[tuple[Severity, RecoveryAction], ...] = (_SEV3, _SEV2, _SEV1)
+
+# A failure of the job itself (its code's, or one that followed it to other nodes) is answered
+# by restarting it where it runs, counted toward its ``max_restarts``: moving it would not help.
+JOBS_FAULT = _SEV2
+
+_USERS_CODE = frozenset({FailureCategory.SOFTWARE_OTHER, FailureCategory.COLLECTIVE_MISMATCH})
 
 
 def escalate(previous: RecoveryAction, current: RecoveryAction) -> tuple[Severity, RecoveryAction]:
@@ -109,7 +119,13 @@ def severity_of(category: FailureCategory) -> tuple[Severity, RecoveryAction]:
 def users_code(category: FailureCategory) -> bool:
     """A failure of the job's own code: it counts toward ``max_restarts``, never against a node,
     and never escalates (the same code fails the same way on any node)."""
-    return category == FailureCategory.SOFTWARE_OTHER
+    return category in _USERS_CODE
+
+
+def nodes_own(category: FailureCategory) -> bool:
+    """A fault of the node itself (its hardware, or the node gone): never the job's, however
+    often it recurs. By the category's own severity, not a failure's escalated one."""
+    return SEVERITY_TABLE[category][0] == Severity.SEV1
 
 
 # Signals a process raises on itself for a fault in its own code (a bad pointer, abort() on an

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,10 +18,13 @@ from unicron.services.agent.errorfile import parse_error, read_error_file
 from unicron.services.agent.supervisor import Supervisor
 from unicron.services.agent.tracebacks import classify_log
 from unicron.shared.contracts.reports import WorkerException, WorkerExited, WorkerStarted
+from unicron.shared.contracts.taxonomy import FailureCategory
 from unicron.shared.procs import free_port
 
 from tests.agent.conftest import RecordingSink
 from tests.agent.test_entrypoints import plain_start, python
+
+MISMATCH = FailureCategory.COLLECTIVE_MISMATCH
 
 # Rank 1 raises (with a cause) after one all-reduce; rank 0's next all-reduce sees it go.
 TWO_RANKS = textwrap.dedent(
@@ -45,9 +49,23 @@ TWO_RANKS = textwrap.dedent(
 )
 
 
+# Rank 0 all-reduces 528 floats while rank 1 all-reduces one: ranks that disagree on a
+# collective, as ranks that resumed from different steps do.
+MISMATCHED = textwrap.dedent(
+    """
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(528 if dist.get_rank() == 0 else 1))
+    """
+)
+
+
 class Run:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, exits: list[int]) -> None:
         self.tmp = tmp
+        self.exits = exits  # Popen.returncode of each rank: -N for a signal
 
     def log(self, rank: int) -> str:
         return (self.tmp / f"r{rank}.log").read_text()
@@ -56,10 +74,10 @@ class Run:
         return self.tmp / f"r{rank}.error.json"
 
 
-@pytest.fixture(scope="module")
-def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    tmp = tmp_path_factory.mktemp("gloo")
-    (tmp / "two.py").write_text(TWO_RANKS)
+def run_two_ranks(tmp: Path, script: str) -> Run:
+    """Both ranks of ``script`` on gloo, each writing its log and error file in ``tmp``; both
+    must fail."""
+    (tmp / "two.py").write_text(script)
     port = str(free_port())
     procs = []
     for rank in (0, 1):
@@ -69,9 +87,14 @@ def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         with (tmp / f"r{rank}.log").open("wb") as out:
             procs.append(subprocess.Popen([sys.executable, "two.py"], cwd=tmp, env=env,
                                           stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
-    for proc in procs:
-        assert proc.wait(timeout=120) != 0
-    return Run(tmp)
+    exits = [proc.wait(timeout=120) for proc in procs]
+    assert all(code != 0 for code in exits), exits
+    return Run(tmp, exits)
+
+
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return run_two_ranks(tmp_path_factory.mktemp("gloo"), TWO_RANKS)
 
 
 def test_torchs_rank_prefix_is_read_through(gloo_run: Run) -> None:
@@ -95,6 +118,40 @@ def test_the_death_rattle_after_a_traceback_is_not_part_of_its_message() -> None
     failure = classify_log(log)
     assert failure is not None and failure.exc_type == "ValueError"
     assert failure.message.splitlines() == ["step 5: bad batch shape (4, 7)", "KeyError: 'lr'"]
+
+
+def test_a_rank_gloo_aborted_over_a_collective_mismatch_is_named_by_its_cpp_exception(
+    tmp_path: Path,
+) -> None:
+    run = run_two_ranks(tmp_path, MISMATCHED)
+    aborted = [rank for rank, code in enumerate(run.exits) if code == -signal.SIGABRT]
+    assert aborted, run.exits
+    for rank in (0, 1):
+        failure = classify_log(run.log(rank))
+        assert failure is not None, run.log(rank)
+        if rank not in aborted:  # it saw its peer go
+            assert failure.category.value in {"connection_reset", "network_other"}, failure
+            continue
+        assert (failure.exc_type, failure.category) == ("gloo::EnforceNotMet", MISMATCH)
+        assert failure.message.startswith("[enforce fail at "), failure
+        assert failure.message.endswith("Is there a distributed collective mismatch in your code?")
+
+
+def test_an_uncaught_cpp_exception_s_message_ends_where_the_death_rattle_goes_on() -> None:
+    nccl = (
+        "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage "
+        "(run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\n"
+        "ncclInvalidUsage: This usually reflects invalid usage of NCCL library."
+    )
+    log = (
+        "step 4 loss 0.93\nterminate called after throwing an instance of 'c10::DistBackendError'"
+        f"\n  what():  {nccl}\nFatal Python error: Aborted\n\nThread 0x00007f01 (most recent "
+        "call first):\n  <no Python frame>\n"
+    )
+    failure = classify_log(log)
+    assert failure is not None
+    assert (failure.exc_type, failure.message) == ("c10::DistBackendError", nccl)
+    assert failure.category == MISMATCH
 
 
 def test_the_error_file_record_wrote_is_read(gloo_run: Run) -> None:

@@ -40,6 +40,26 @@ IB_RETRY = (
     "with error 12, opcode 0, len 0, vendor err 129 (Recv)"
 )
 
+# What torch 2.13 raised on gloo (captured) for two ranks' all_reduce of 528 and 1 floats: on
+# the rank expecting 4 bytes, gloo's own thread throws, and the process aborts with this what().
+GLOO_MISMATCH = (
+    f"[enforce fail at {GLOO[1:]}/pair.cc:456] op.preamble.length <= op.nbytes. 2112 vs 4. "
+    "Received data size doesn't match expected size. Is there a distributed collective "
+    "mismatch in your code?"
+)
+# The same run with TORCH_DISTRIBUTED_DEBUG=DETAIL: torch checks the collectives first.
+FINGERPRINT = (
+    "CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[{}], "
+    "TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu, "
+    "layout=Strided (default), requires_grad=false (default), pinned_memory=false (default), "
+    "memory_format=(nullopt)))"
+)
+DETAIL_MISMATCH = (
+    f"Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+    f"{FINGERPRINT.format(528)}, but Rank 1 is running collective: {FINGERPRINT.format(1)}."
+    "Collectives differ in the following aspects:   Tensor Tensor shapes: 528vs 1"
+)
+
 # (id, exception type, message, category); laid out as a table, one case per entry.
 # fmt: off
 CASES = [
@@ -155,6 +175,9 @@ CASES = [
      "Timed out after 2 seconds waiting for clients. 1/2 clients joined.", C.NETWORK_OTHER),
     ("c10d-socket-timeout", "DistNetworkError", "Socket Timeout", C.NETWORK_OTHER),
     ("no-route", "OSError", "[Errno 113] No route to host", C.NETWORK_OTHER),
+    # --- the ranks disagree on a collective
+    ("torch-detail-mismatch (captured)", "RuntimeError", DETAIL_MISMATCH,
+     C.COLLECTIVE_MISMATCH),
     # --- the rest
     ("nan-loss", "NonFiniteLossError", "non-finite loss nan at step 3", C.NAN_LOSS),
     ("key-error", "KeyError", "'weight'", C.SOFTWARE_OTHER),
@@ -187,6 +210,8 @@ PRECEDENCE = [
      "gpu-node1.cluster<45074>", C.CONNECTION_RESET),
     ("flapping-not-nccl", "DistBackendError", f"{REMOTE}\nLast error:\n{IB_RETRY}",
      C.LINK_FLAPPING),
+    ("mismatch-not-network: gloo's enforce names its transport (captured)",
+     "gloo::EnforceNotMet", GLOO_MISMATCH, C.COLLECTIVE_MISMATCH),
     ("driver-not-link: a GPU off the bus also takes its PCIe link down", "RuntimeError",
      "pciehp 0000:3a:00.0: Slot(1): Link Down\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1122, GPU "
      "has fallen off the bus.", C.GPU_DRIVER),
@@ -252,3 +277,15 @@ def test_nccl_s_texts_of_a_dead_peer_are_peer_failures(name: str) -> None:
 @pytest.mark.parametrize("name", ["oom_1tib", "duplicate_gpu_rank0"])
 def test_an_nccl_rank_s_own_fault_is_not_a_peer_failure(name: str) -> None:
     assert not is_peer_failure(DistBackendError(H200[name]))
+
+
+@pytest.mark.parametrize("name", ["duplicate_gpu_rank0", "duplicate_gpu_rank1"])
+def test_nccl_s_invalid_usage_is_the_job_s_own(name: str) -> None:
+    # Two ranks on one GPU: NCCL refuses what the job asked of it, on any node.
+    assert classify(DistBackendError(H200[name])) is C.COLLECTIVE_MISMATCH
+
+
+def test_a_collective_mismatch_is_not_a_peer_failure() -> None:
+    # A rank that parked to wait for a regroup would meet the same mismatch again.
+    assert not is_peer_failure(RuntimeError(DETAIL_MISMATCH))
+    assert not is_peer_failure(RuntimeError(GLOO_MISMATCH))
