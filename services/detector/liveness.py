@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
+from unicron.services.detector.suspicion import AgentAnswer, ask_agent
 from unicron.shared.bus.api import EventBus
-from unicron.shared.contracts.messages import ping_subject
 from unicron.shared.contracts.models import Job, NodeState, WorkerState, now
 from unicron.shared.contracts.taxonomy import FailureKind
 from unicron.shared.logging import get_logger
@@ -39,11 +37,8 @@ class Liveness:
         self.hearing = hearing
 
     async def answers(self, node_id: str) -> bool:
-        try:
-            await self.bus.request(ping_subject(node_id), b"", self.settings.ping_timeout_s)
-        except (NoRespondersError, NatsTimeoutError, TimeoutError):
-            return False
-        return True
+        answer = await ask_agent(self.bus, node_id, None, self.settings.ping_timeout_s)
+        return answer == AgentAnswer.THIS_BOOT
 
     async def hold(self, candidates: list[Candidate]) -> float:
         """Seconds to keep waiting for a better root cause than ``candidates``."""

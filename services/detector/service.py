@@ -20,6 +20,7 @@ from unicron.services.detector.record import FailureRecorder
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate, from_exception, from_exit, from_hang
 from unicron.services.detector.stragglers import StragglerWatch
+from unicron.services.detector.suspicion import Suspicion
 from unicron.shared.bus.api import EventBus
 from unicron.shared.bus.streams import reports_of_kind
 from unicron.shared.claims import ReportClaims
@@ -54,9 +55,10 @@ class Detector:
         self.health = NodeHealth(bus, state, settings)
         self.recorder = FailureRecorder(bus, state, settings, self.health)
         hearing = Hearing(settings.node_timeout_s)
+        self.suspicion = Suspicion(bus, settings)
         self.liveness = Liveness(bus, state, settings, hearing)
         self.correlator = Correlator(settings.correlation_window_s, self._emit, self.liveness.hold)
-        self.nodes = NodeMonitor(bus, state, self.correlator, hearing)
+        self.nodes = NodeMonitor(bus, state, self.correlator, hearing, self.suspicion)
         # Stragglers are advisory: they bypass correlation so a later fault is still reported.
         self.stragglers = StragglerWatch(settings, self._emit)
         self.gpus = GpuFaults(state, self.correlator, self._emit, self.health)
@@ -68,10 +70,15 @@ class Detector:
         return await self.recorder.record(cause)
 
     async def on_steps(self, batch: StepsCompleted) -> None:
+        self.suspicion.heard(batch.node_id, max(step.at for step in batch.steps))
         for step in batch.steps:
             await self.stragglers.on_step(step)
 
     async def on_report(self, report: AnyWorkerReport) -> None:
+        if isinstance(report, WorkerException):
+            self.suspicion.heard_exception(report)
+        else:
+            self.suspicion.heard(report.node_id, report.at)
         if isinstance(report, StepCompleted):
             await self.stragglers.on_step(report)
             return
@@ -138,8 +145,11 @@ class Detector:
             # never longer than the polling interval: a new node may have registered meanwhile.
             due_in = self.nodes.next_due - now() + 0.002
             wait = min(self.settings.node_check_interval_s, max(due_in, 0.0))
+            planned = loop.time() + wait
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)
+            # A loop that wakes late was starved: what it asked may have timed out on its side.
+            self.suspicion.woke(loop.time() - planned)
 
 
 async def run(
@@ -179,4 +189,5 @@ async def run(
     try:
         await detector.watch(stop)
     finally:
+        await detector.suspicion.close()
         await detector.correlator.close()

@@ -11,7 +11,15 @@ class DetectorSettings(CommonSettings):
     correlation_window_s: float = 0.15
     node_check_interval_s: float = 0.1
     reconcile_interval_s: float = 2.0
+    # How long an agent has to answer a question the detector asks it (request/reply).
     ping_timeout_s: float = 0.25
+    # A silent node is judged lost only when corroborated (unicron.services.detector.suspicion):
+    # while more than two nodes, and this share of those in service, are silent together and
+    # unanswered, the observer is the likely fault (Kubernetes' unhealthy-zone threshold) ...
+    mass_silence_share: float = Field(0.55, gt=0, le=1)
+    # ... and no doubt of the observer's own hearing holds a verdict longer than this past the
+    # node's deadline.
+    suspicion_hold_s: float = Field(30.0, ge=0)
     # Extra wait for the hung rank's own report after its peers' (see liveness.hold).
     hang_grace_s: float = 0.5
     # Extra wait for the report of the rank whose peers parked after it broke their collective.

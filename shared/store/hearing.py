@@ -23,26 +23,32 @@ class Hearing:
         self.since = clock()  # heartbeats older than this could have been missed by us
         self._deaf = False
 
-    async def silent(self, state: JobStore, at: float) -> list[tuple[str, float]]:
-        """(node id, last heartbeat) of each node silent past the timeout at ``at``, by the
-        store's heartbeat index; a read that fails (Redis away) starts a gap in our hearing."""
+    async def silent(
+        self, state: JobStore, at: float, after_s: float | None = None
+    ) -> list[tuple[str, float]]:
+        """(node id, last heartbeat) of each node silent for more than ``after_s`` (the timeout
+        by default) at ``at``, by the store's heartbeat index; a read that fails (Redis away)
+        starts a gap in our hearing."""
+        after_s = self.timeout_s if after_s is None else after_s
         try:
-            heard = await state.heard_before(at - self.timeout_s)
+            heard = await state.heard_before(at - after_s)
         except BaseException:
             self._deaf = True
             raise
         if self._deaf:
             self.since, self._deaf = at, False
-        if at - self.since <= self.timeout_s:
+        if at - self.since <= after_s:
             return []  # too soon after the gap: none of them could have been heard
         return heard
 
-    async def next_due(self, state: JobStore, at: float) -> float:
-        """When the next node falls silent if no heartbeat comes first (inf: none will)."""
-        oldest = await state.first_heard_after(at - self.timeout_s)
-        due = [self.since + self.timeout_s] if self.since + self.timeout_s > at else []
+    async def next_due(self, state: JobStore, at: float, after_s: float | None = None) -> float:
+        """When the next node has been silent for ``after_s`` (the timeout by default) if no
+        heartbeat comes first (inf: none will)."""
+        after_s = self.timeout_s if after_s is None else after_s
+        oldest = await state.first_heard_after(at - after_s)
+        due = [self.since + after_s] if self.since + after_s > at else []
         if oldest is not None:
-            due.append(max(oldest, self.since) + self.timeout_s)
+            due.append(max(oldest, self.since) + after_s)
         return min(due, default=float("inf"))
 
     def silent_s(self, node: NodeRecord, at: float) -> float:

@@ -109,6 +109,9 @@ class Cluster:
     bus: EventBus
     state: JobStore
     alive: set[str] = field(default_factory=set)
+    # Agents that live and answer, but whose heartbeats do not land (a blip between them and
+    # Redis, or a write that loses its race again and again).
+    unheard: set[str] = field(default_factory=set)
 
     async def add_node(self, node_id: str) -> None:
         await self.state.put_node(NodeRecord(id=node_id, slots=2, boot_id=f"boot-{node_id}"))
@@ -116,7 +119,7 @@ class Cluster:
 
         async def pong(msg: object) -> None:
             if node_id in self.alive:
-                await msg.respond(b"pong")  # type: ignore[attr-defined]
+                await msg.respond(f"boot-{node_id}".encode())  # type: ignore[attr-defined]
 
         # Not ``serve``: an answer from it cannot stop when the agent is killed.
         await self.bus.nc.subscribe(ping_subject(node_id), cb=pong)
@@ -126,7 +129,7 @@ class Cluster:
 
     async def heartbeat_forever(self) -> None:
         while True:
-            for node_id in list(self.alive):
+            for node_id in list(self.alive - self.unheard):
 
                 def beat(node: NodeRecord) -> None:
                     node.last_heartbeat = now()

@@ -14,6 +14,8 @@ from unicron.services.detector.correlate import Correlator
 from unicron.services.detector.nodes import NodeMonitor
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
+from unicron.services.detector.suspicion import Suspicion
+from unicron.shared.bus.api import EventBus
 from unicron.shared.bus.bus import Bus
 from unicron.shared.contracts.events import CloudEvent
 from unicron.shared.contracts.models import NodeRecord, NodeState, now
@@ -75,7 +77,7 @@ async def test_silence_while_redis_was_away_is_no_nodes_fault(
 ) -> None:
     state = await StateStore.connect(redis_url)
     hearing = Hearing(timeout_s=0.6)
-    monitor = NodeMonitor(bus, state, Correlator(0.05, _ignore), hearing)
+    monitor = _monitor(bus, state, hearing)
     await state.put_node(NodeRecord(id="node-0", slots=2, last_heartbeat=now()))
     assert await monitor.check() == []
     await asyncio.to_thread(redis_server.stop)
@@ -96,7 +98,7 @@ async def test_a_restarted_detector_counts_silence_from_its_start(
     bus: Bus, state: StateStore
 ) -> None:
     await state.put_node(NodeRecord(id="node-1", slots=2, last_heartbeat=now() - 60))
-    monitor = NodeMonitor(bus, state, Correlator(0.05, _ignore), Hearing(timeout_s=0.6))
+    monitor = _monitor(bus, state, Hearing(timeout_s=0.6))
     assert await monitor.check() == []  # it could not have heard the minute before it started
     await asyncio.sleep(0.7)
     assert await monitor.check() == ["node-1"]
@@ -104,6 +106,12 @@ async def test_a_restarted_detector_counts_silence_from_its_start(
 
 async def _ignore(_: Candidate) -> bool:
     return True
+
+
+def _monitor(bus: EventBus, state: JobStore, hearing: Hearing) -> NodeMonitor:
+    settings = DetectorSettings(heartbeat_interval_s=hearing.timeout_s / 3)
+    suspicion = Suspicion(bus, settings)
+    return NodeMonitor(bus, state, Correlator(0.05, _ignore), hearing, suspicion)
 
 
 class CountingReads:
@@ -135,9 +143,11 @@ async def test_a_check_reads_the_silent_nodes_only(bus: Bus, state: StateStore) 
     reads = CountingReads(state)
     hearing = Hearing(timeout_s=0.6)
     hearing.since = now() - 60  # it has been listening all along
-    monitor = NodeMonitor(bus, cast(JobStore, reads), Correlator(0.05, _ignore), hearing)
+    monitor = _monitor(bus, cast(JobStore, reads), hearing)
     assert await monitor.check() == ["node-silent"]
     assert reads.records_read <= 2  # the silent one, read and written lost
     assert await monitor.check() == []  # judged once per silence
     assert reads.records_read <= 2
-    assert now() + 0.5 < monitor.next_due <= now() + 0.6  # the first fresh node's deadline
+    # when the first fresh node becomes a suspect, to be asked after
+    suspect_after = monitor.suspect_after_s
+    assert now() + suspect_after - 0.1 < monitor.next_due <= now() + suspect_after
