@@ -219,3 +219,24 @@ def test_a_quarantine_the_stream_ends_with_is_remembered() -> None:
     assert replay(wrap(change(NodeState.QUARANTINED, 500.0))).quarantined == {"n0": 500.0}
     lifted = wrap(change(NodeState.QUARANTINED, 500.0), change(NodeState.READY))
     assert replay(lifted).quarantined == {}
+
+
+def test_a_failure_that_followed_the_job_is_counted_as_the_detector_counted_it() -> None:
+    # Generation 1 failed on n1; generations 2 and 3 failed the same way elsewhere. The first
+    # return counts the failure it came back from too (services/detector/record.py).
+    returns = [
+        crash("a", generation).model_copy(update={"node_id": node, "follows_job": True})
+        for generation, node in ((2, "n0"), (3, "n1"))
+    ]
+    events = wrap(
+        JobSubmitted(job_id="a", name="a", spec=SPEC),
+        started("a", "p1", PlanAction.START, 1),
+        crash("a", 1),
+        started("a", "p1", PlanAction.RESTART, 2),
+        returns[0],
+        started("a", "p1", PlanAction.RESTART, 3),
+        returns[1],
+    )
+    job = replay(events).jobs["a"]
+    assert job.code_failures == 3
+    assert job.last_failure is not None and job.last_failure.follows_job

@@ -17,21 +17,20 @@ from unicron.shared.bus.api import EventBus
 from unicron.shared.contracts.events import FailureDetected, NodeStateChanged
 from unicron.shared.contracts.models import NodeRecord, NodeState, now
 from unicron.shared.contracts.roles import ServiceRole
-from unicron.shared.contracts.taxonomy import SEVERITY_TABLE, Severity
+from unicron.shared.contracts.taxonomy import nodes_own
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
 
 _Mutation = Callable[[NodeRecord], bool]
 
-# By the category's own severity, not the failure's: an escalated crash is SEV1 because the
-# job's recoveries failed, which says nothing about the node.
-NODE_FAULTS = frozenset(c for c, (sev, _) in SEVERITY_TABLE.items() if sev == Severity.SEV1)
-
 
 def blames_node(failure: FailureDetected) -> bool:
+    """Whether ``failure`` counts against its node: a fault of the node's own, not a drill's
+    (an escalated crash is SEV1 because the job's recoveries failed, which says nothing about
+    the node)."""
     return (
         failure.node_id is not None
-        and failure.category in NODE_FAULTS
+        and nodes_own(failure.category)
         and not failure.evidence.get("drill")
     )
 

@@ -5,33 +5,29 @@ copy, and the job record is only changed while no failure is recorded for that g
 A failure of the generation that was started to recover from the previous one (the next, or the
 one after it where the in-place answer fell back to a checkpoint restart), within the escalation
 window and before that generation trained ``escalation_steps`` steps, escalates:
-reattempt → restart → reconfigure (docs/design.md §3). An exit before an in-place generation
+reattempt → restart → reconfigure (docs/design.md §3), unless it follows the job to other
+nodes (:mod:`unicron.services.detector.grading`). An exit before an in-place generation
 stepped is the executor's to answer (it restarts every rank), not recorded here. Advisory
 failures (a straggler) are published but leave the job running. A failure of a generation an
 admin's drill targeted carries the drill's fault id in ``evidence["drill"]``.
-A failure of the job's own code (``software_other``) fails the job once it happened more than
-``max_restarts`` times, and never escalates: the same code fails the same way on any node, so
-moving the job (and counting it against a node) would not help. A worker that could not be
-started at all fails it at once.
+A failure of the job's own (its code's, as ``software_other`` or ``collective_mismatch``, or
+one that followed it to other nodes) fails the job once it happened more than ``max_restarts``
+times, and never escalates: it fails the same way on any node, so moving the job (and counting
+it against a node) would not help. A worker that could not be started at all fails it at once.
 """
 
 from __future__ import annotations
 
+from unicron.services.detector.grading import Grade, grade
 from unicron.services.detector.quarantine import NodeHealth
 from unicron.services.detector.settings import DetectorSettings
 from unicron.services.detector.signals import Candidate
 from unicron.shared.bus.api import EventBus
+from unicron.shared.contracts.blame import job_failures
 from unicron.shared.contracts.events import FailureDetected, JobStateChanged
-from unicron.shared.contracts.models import Job, JobState
+from unicron.shared.contracts.models import FailureRecord, Job, JobState
 from unicron.shared.contracts.roles import ServiceRole
-from unicron.shared.contracts.taxonomy import (
-    FailureKind,
-    RecoveryAction,
-    Severity,
-    escalate,
-    severity_of,
-    users_code,
-)
+from unicron.shared.contracts.taxonomy import FailureKind, RecoveryAction, severity_of, users_code
 from unicron.shared.contracts.transitions import TransitionMode
 from unicron.shared.logging import get_logger
 from unicron.shared.store.api import JobStore
@@ -49,18 +45,26 @@ def _what(failure: FailureDetected) -> str:
     return f"{failure.exc_type}: {first[0][:300]}" if first else failure.exc_type
 
 
-def _gives_up(job: Job, failure: FailureDetected, launch_failed: bool) -> str | None:
-    """Why the job must fail rather than recover, or None; counts failures of its own code."""
+def _gives_up(
+    job: Job, failure: FailureDetected, launch_failed: bool, previous: FailureRecord | None
+) -> str | None:
+    """Why the job must fail rather than recover, or None; counts the job's own failures
+    (``previous``: its last failure before this one)."""
     where = f"rank {failure.rank} on {failure.node_id}"
     if launch_failed:
         return f"{where} cannot start: {failure.message}"
-    if not users_code(failure.category):
+    counted = job_failures(failure, previous)
+    if not counted:
         return None
-    job.code_failures += 1
+    job.code_failures += counted
     if job.code_failures <= job.spec.max_restarts:
         return None
+    whose = "it followed the job to other nodes" if failure.follows_job else "the job's own code"
     restarts = job.spec.max_restarts
-    return f"{_what(failure)} ({where}); failed after {restarts} restart(s) (max_restarts)"
+    return (
+        f"{_what(failure)} ({where}); {failure.category.value}, {whose}: "
+        f"failed after {restarts} restart(s) (max_restarts)"
+    )
 
 
 def _left_to_fallback(job: Job, cause: Candidate) -> bool:
@@ -92,30 +96,13 @@ class FailureRecorder:
         self.settings = settings
         self.health = health
 
-    def _grade(self, job: Job, cause: Candidate) -> tuple[Severity, RecoveryAction, dict[str, str]]:
-        severity, action = severity_of(cause.category)
-        if action == RecoveryAction.REATTEMPT and not cause.lives_on:
-            # The rank's process is gone or on its way out: there is no one to reattempt.
-            action = RecoveryAction.RESTART
-        last = job.answered_failure()  # record() took only a cause of the current generation
-        # A recovery that trained on for ``escalation_steps`` worked: what fails later is a
-        # new fault, not the same one coming back.
-        proven = (
-            last is not None
-            and last.step is not None
-            and job.step - last.step >= self.settings.escalation_steps
+    async def _grade(self, job: Job, cause: Candidate, drill: str | None) -> Grade:
+        """``cause`` graded, knowing whether a drill injected it or the failure it repeats."""
+        last = job.answered_failure()
+        drilled = drill is not None or (
+            last is not None and await self.state.drill_of(job.id, last.generation) is not None
         )
-        repeated = (
-            action != RecoveryAction.REPORT
-            and not users_code(cause.category)
-            and last is not None
-            and not proven
-            and cause.observed_at - last.observed_at <= self.settings.escalation_window_s
-        )
-        if not repeated or last is None:
-            return severity, action, {}
-        escalated = escalate(last.action, action)
-        return *escalated, {"escalated_from": action.value, "previous_failure": last.failure_id}
+        return grade(job, cause, self.settings, drilled)
 
     async def record(self, cause: Candidate) -> bool:
         """Record ``cause`` unless its generation is gone or has its failure already. False
@@ -130,16 +117,14 @@ class FailureRecorder:
             log.info("exit before the in-place generation stepped: the executor restarts it",
                      generation=cause.generation, rank=cause.rank)  # fmt: skip
             return False
-        severity, action, escalation = self._grade(job, cause)
         drill = await self.state.drill_of(cause.job_id, cause.generation)
-        if drill is not None:
-            escalation["drill"] = drill
-        advisory = action == RecoveryAction.REPORT
+        graded = await self._grade(job, cause, drill)
+        advisory = graded.action == RecoveryAction.REPORT
         if not advisory and _already_recorded(job, cause.generation):
             return True
         failure = FailureDetected.of(
             cause.category,
-            graded=(severity, action),
+            graded=(graded.severity, graded.action),
             failure_id=_failure_id(cause, advisory),
             job_id=cause.job_id,
             node_id=cause.node_id,
@@ -147,9 +132,10 @@ class FailureRecorder:
             generation=cause.generation,
             kind=cause.kind,
             observed_at=cause.observed_at,
-            evidence={**cause.evidence, **escalation},
+            evidence={**cause.evidence, **graded.evidence, **({"drill": drill} if drill else {})},
             exc_type=cause.evidence.get("exc_type"),
             message=cause.evidence.get("message"),
+            follows_job=graded.follows_job,
         )
         # The job record first: whoever sees the event finds the failure recorded.
         launch_failed = bool(cause.evidence.get("launch_failed"))
@@ -166,8 +152,9 @@ class FailureRecorder:
             "failure detected",
             kind=cause.kind.value,
             category=cause.category.value,
-            severity=severity.value,
-            action=action.value,
+            severity=failure.severity.value,
+            action=failure.action.value,
+            follows_job=failure.follows_job,
             rank=cause.rank,
             latency_s=round(failure.detected_at - cause.observed_at, 4),
         )
@@ -187,8 +174,8 @@ class FailureRecorder:
                 return False
             if j.state.terminal:  # cancelled since it was read: nothing left to recover
                 return False
-            j.last_failure = failure.record(j.step)
-            fatal = _gives_up(j, failure, launch_failed)
+            previous, j.last_failure = j.last_failure, failure.record(j.step)
+            fatal = _gives_up(j, failure, launch_failed, previous)
             if fatal is not None:
                 j.set_state(JobState.FAILED, fatal, by=ServiceRole.DETECTOR)
             else:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from unicron.shared.contracts.models import (
+    FOLLOWS_JOB,
     FailureRecord,
     Job,
     JobSpec,
@@ -110,6 +111,7 @@ class FailureDetected(EventData):
     evidence: dict[str, Any] = Field(default_factory=dict)
     exc_type: str | None = Field(None, description="the exception behind it, when one was seen")
     message: str | None = Field(None, description="the exception's text")
+    follows_job: bool = Field(False, description=FOLLOWS_JOB)
 
     def default_id(self) -> str:
         return f"{self.TYPE}:{self.failure_id}"
@@ -144,6 +146,7 @@ class FailureDetected(EventData):
             exc_type=self.exc_type,
             message=self.message,
             at=self.observed_at,
+            follows_job=self.follows_job,
         )
 
 

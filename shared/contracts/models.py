@@ -96,6 +96,9 @@ class HistoryEntry(BaseModel):
     reason: str
 
 
+FOLLOWS_JOB = "it came back after a restart, on another node: the job's own, not a node's"
+
+
 class FailureRecord(BaseModel):
     """The last failure that hit a job; a job needs a transition while ``generation`` is current."""
 
@@ -113,6 +116,7 @@ class FailureRecord(BaseModel):
     exc_type: str | None = Field(None, description="the exception a worker reported or wrote")
     message: str | None = Field(None, description="its text (the last lines of its chain)")
     at: float | None = Field(None, description="when it was observed (as observed_at)")
+    follows_job: bool = Field(False, description=FOLLOWS_JOB)
 
 
 class JobBase(BaseModel):
@@ -130,7 +134,9 @@ class JobBase(BaseModel):
     world_size: int = 0
     recoveries: int = 0
     code_failures: int = Field(
-        0, description="failures in the job's own code (software_other), against max_restarts"
+        0,
+        description="failures of the job's own (its code's, or ones that followed it), "
+        "against max_restarts",
     )
     last_failure: FailureRecord | None = None
     plan_id: str | None = None

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from unicron.shared.contracts.blame import job_failures
 from unicron.shared.contracts.events import (
     CloudEvent,
     EventData,
@@ -33,7 +34,7 @@ from unicron.shared.contracts.events import (
     TransitionStarted,
 )
 from unicron.shared.contracts.models import HistoryEntry, Job, JobState, NodeState, PlanAction
-from unicron.shared.contracts.taxonomy import RecoveryAction, users_code
+from unicron.shared.contracts.taxonomy import RecoveryAction
 from unicron.shared.contracts.transitions import TransitionMode
 
 
@@ -175,9 +176,8 @@ def _failure(job: Job, data: FailureDetected) -> None:
         return  # advisory, or not about the generation that runs
     if job.last_failure is not None and job.last_failure.generation == data.generation:
         return  # the detector records one failure per generation: the first
+    job.code_failures += job_failures(data, job.last_failure)
     job.last_failure = data.record(job.step)
-    if users_code(data.category):
-        job.code_failures += 1
 
 
 def replay(events: Iterable[CloudEvent]) -> ReplayedCluster:
