@@ -30,8 +30,14 @@ class _WorkerMessage(WorkerIdentity, Message):
 
 
 class WorkerStarted(_WorkerMessage):
+    """A worker's process is up: a warm spare that took the launch, or a fresh interpreter.
+    ``spare_wait_s`` is how long the start waited for a spare still warming up; with ``warm``
+    False after such a wait, that spare died or was late and a fresh process started instead."""
+
     kind: Literal["worker_started"] = "worker_started"
     pid: int
+    warm: bool = False
+    spare_wait_s: float = Field(0.0, ge=0)
 
 
 class WorkerExited(_WorkerMessage):
