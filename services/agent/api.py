@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
+from unicron.services.agent.workers import SpareClaim
 from unicron.shared.contracts.identity import WorkerKey
 from unicron.shared.contracts.reports import AnyWorkerReport
 from unicron.shared.contracts.workerchannel import AnyWorkerDirective, SpareLaunch
@@ -30,8 +31,6 @@ Observe = Callable[[WorkerKey | None, Report], None]
 # Wait, at most the given seconds, until every connection of the exited process (pid) is read
 # to its end: its last reports land before its exit report.
 Drained = Callable[[int, float], Awaitable[None]]
-# The launch for a spare on a given slot; None when a spare cannot run it.
-LaunchFor = Callable[[int | None], SpareLaunch | None]
 # A core-NATS request's payload to the reply's.
 Answer = Callable[[bytes], Awaitable[bytes]]
 
@@ -58,11 +57,16 @@ class WorkerLink(Protocol):
 
 
 class SpareSource(Protocol):
-    """The warm spares as the supervisor uses them: a start served by a waiting process."""
+    """The warm spares as the supervisor uses them: a start claims one (ready, or else the
+    one furthest along in warming up) and then hands it its launch."""
 
-    async def serve(
-        self, key: WorkerKey, launch_for: LaunchFor, log_path: Path
-    ) -> tuple[asyncio.subprocess.Process, int | None] | None: ...
+    def claim(self) -> SpareClaim | None: ...
+
+    async def take(
+        self, claim: SpareClaim, key: WorkerKey, launch: SpareLaunch, log_path: Path
+    ) -> asyncio.subprocess.Process | None: ...
+
+    def drop(self, claim: SpareClaim) -> None: ...
 
 
 class Replier(Protocol):

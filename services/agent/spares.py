@@ -9,8 +9,12 @@ module or its own Python script or module, with its environment, run in the spar
 process. A spare is tied to no trainer and no device, so any job's start can take one: it gets
 its slot (``CUDA_VISIBLE_DEVICES``) with the launch, before its script touches CUDA. The pool
 keeps ``count`` of them (by default one per slot, so every rank of a restarted generation can
-start warm); a ``StartWorker`` takes a connected one (the supervisor then watches it as the
-worker it became) and the pool starts another in the background. A spare that dies is
+start warm); a ``StartWorker`` claims a connected one (the supervisor then watches it as the
+worker it became) and the pool starts another in the background. With none connected, a start
+claims the oldest one still warming up, at full priority, rather than start a fresh interpreter
+that would repeat its whole import; it waits at most ``cold_start_s`` (the longest recent
+warm-up: by then a fresh process would have been up), and a claimed spare that dies or is late
+is killed. A claim is synchronous: two starts never hold one spare. A spare that dies is
 replaced; one that dies before it ever connected counts as a failed start, and after
 ``MAX_FAILED_STARTS`` of those in a row (a spare module that cannot wait) the pool gives up, so
 every start falls back to spawning. Spares are never workers: they hold no rank, are not in the
@@ -25,16 +29,18 @@ import itertools
 import os
 import resource
 import time
+from asyncio import FIRST_COMPLETED
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unicron.services.agent.api import LaunchFor, WorkerLink
+from unicron.services.agent.api import WorkerLink
 from unicron.services.agent.gpus import SlotPool
 from unicron.services.agent.launch import spawn_logged
-from unicron.services.agent.workers import kill_group
+from unicron.services.agent.workers import SpareClaim, kill_group
 from unicron.shared.contracts.identity import WorkerKey
-from unicron.shared.contracts.workerchannel import WorkerEnv, env_name
+from unicron.shared.contracts.workerchannel import SpareLaunch, WorkerEnv, env_name
 from unicron.shared.logging import get_logger
 from unicron.shared.procs import die_with_parent
 from unicron.shared.servers.credentials import without_credentials
@@ -46,6 +52,11 @@ log = get_logger(component="spares")
 SPARE_NICE = 10
 SPARE_JOB = "~spare"  # a job id no real job can have (they start with a letter or digit)
 MAX_FAILED_STARTS = 3
+# Until a spare has connected, how long a fresh Python + torch may take: a cold start took
+# ~20 s on a loaded 2-core node (issue 31), and a start that gives up on its spare too early
+# pays both the wait and the cold start.
+FIRST_COLD_START_S = 30.0
+WARMUPS_KEPT = 8  # recent warm-ups that say how slow a start is on this node now
 
 
 @dataclass
@@ -53,13 +64,19 @@ class Spare:
     key: WorkerKey
     proc: asyncio.subprocess.Process
     log_path: Path
-    connected: bool = False
-    taken: bool = False
+    started_at: float = field(default_factory=time.monotonic)
+    taken: bool = False  # claimed by a start: no other start may have it
+    served: bool = False  # it took its launch: a worker now, the supervisor's to watch
+    hello: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # it connected
     waiter: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def alive(self) -> bool:
         return self.proc.returncode is None
+
+    @property
+    def connected(self) -> bool:
+        return self.hello.is_set()
 
 
 class SparePool:
@@ -83,6 +100,7 @@ class SparePool:
         self.channel = channel
         self.served = 0
         self.failed_starts = 0
+        self.warmups: deque[float] = deque(maxlen=WARMUPS_KEPT)  # spawn → connected, seconds
         self._spares: dict[int, Spare] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
@@ -109,11 +127,18 @@ class SparePool:
         """Spares that are up and connected: a launch would reach them now."""
         return [s for s in self.waiting() if self.channel.connected(s.key)]
 
+    @property
+    def cold_start_s(self) -> float:
+        """How long a fresh interpreter would take to be up now: the longest recent warm-up."""
+        return max(self.warmups, default=FIRST_COLD_START_S)
+
     def identify(self, pid: int) -> WorkerKey | None:
-        """The spare with this process id (called when a process connects to the channel)."""
-        for spare in self.waiting():
-            if spare.proc.pid == pid:
-                spare.connected = True
+        """The spare with this process id (called when a process connects to the channel);
+        only its first connection is the spare's, as a claimed one's may be."""
+        for spare in self._spares.values():
+            if spare.proc.pid == pid and spare.alive and not spare.connected:
+                spare.hello.set()
+                self.warmups.append(time.monotonic() - spare.started_at)
                 self.failed_starts = 0
                 return spare.key
         return None
@@ -135,44 +160,65 @@ class SparePool:
         if waiters:
             await asyncio.wait(waiters, timeout=wait_s)
 
-    async def serve(
-        self, key: WorkerKey, launch_for: LaunchFor, log_path: Path
-    ) -> tuple[asyncio.subprocess.Process, int | None] | None:
-        """Hand a ready spare the launch ``launch_for`` makes for its slot; its (process, slot),
-        or None when none is ready or the launch is not one a spare can run."""
-        if not self.enabled:
-            return None
-        for spare in self.ready():
-            slot = self.slots.acquire()
-            launch = launch_for(slot)
-            if launch is None:
-                self.slots.release(slot)
+    def claim(self) -> SpareClaim | None:
+        """Hold a spare for one start: a connected one, else the one furthest along in warming
+        up, which goes to full priority now that a start waits on it. None when there is none."""
+        while self.enabled:
+            candidates = self.ready() or sorted(self.waiting(), key=lambda s: s.started_at)
+            if not candidates:
                 return None
+            spare = candidates[0]
             spare.taken = True
             self._not_before = time.monotonic() + self.delay_s
             self._wake.set()  # start the next spare soon
-            if not self._full_priority(spare):
-                self._discard(spare, slot)
-                continue
-            # Adopted first: the worker it becomes may report before the send returns, and
-            # those reports must already read as the job's, not the spare's.
-            self.channel.adopt(spare.key, key)
-            if not await self.channel.send_to_worker(spare.key, launch):
-                log.warning("spare did not take its launch; killing it", pid=spare.proc.pid)
-                self._discard(spare, slot)
-                continue
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):  # the open descriptor follows the rename
-                os.replace(spare.log_path, log_path)
-            self.served += 1
-            log.info("start served by a spare", job=key.job_id, rank=key.rank, pid=spare.proc.pid)
-            return spare.proc, slot
+            if self._full_priority(spare):
+                return SpareClaim(spare.key, self.channel.connected(spare.key))
+            kill_group(spare.proc.pid)
         return None
 
-    def _discard(self, spare: Spare, slot: int | None) -> None:
-        """A taken spare that will not become the worker: kill it, give its slot back."""
-        kill_group(spare.proc.pid)
-        self.slots.release(slot)
+    async def take(
+        self, claim: SpareClaim, key: WorkerKey, launch: SpareLaunch, log_path: Path
+    ) -> asyncio.subprocess.Process | None:
+        """Hand the claimed spare ``launch`` as the worker ``key``, once it is connected; its
+        process, or None (the spare killed) when it died, was late or did not take it."""
+        spare = self._spares.get(claim.spare.rank)
+        if spare is None or not await self._connected(spare):
+            self.drop(claim)
+            return None
+        # Adopted first: the worker it becomes may report before the send returns, and
+        # those reports must already read as the job's, not the spare's.
+        self.channel.adopt(spare.key, key)
+        if not await self.channel.send_to_worker(spare.key, launch):
+            log.warning("spare did not take its launch; killing it", pid=spare.proc.pid)
+            self.drop(claim)
+            return None
+        spare.served = True
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # the open descriptor follows the rename
+            os.replace(spare.log_path, log_path)
+        self.served += 1
+        log.info("start served by a spare", job=key.job_id, rank=key.rank, pid=spare.proc.pid)
+        return spare.proc
+
+    def drop(self, claim: SpareClaim) -> None:
+        """Kill a claimed spare that will not become a worker (its start gave up on it)."""
+        spare = self._spares.get(claim.spare.rank)
+        if spare is not None and spare.alive and not spare.served:
+            kill_group(spare.proc.pid)
+
+    async def _connected(self, spare: Spare) -> bool:
+        """Wait until the spare connects or dies, for at most as long as a fresh interpreter
+        started now would take: past that, waiting on it was the slower choice."""
+        if not spare.connected and spare.alive and spare.waiter is not None:
+            hello = asyncio.create_task(spare.hello.wait())
+            either = {hello, spare.waiter}
+            try:
+                await asyncio.wait(either, timeout=self.cold_start_s, return_when=FIRST_COMPLETED)
+            finally:
+                hello.cancel()
+        if not spare.connected:
+            log.warning("warming spare died or was late; starting cold", pid=spare.proc.pid)
+        return spare.connected and spare.alive
 
     def _full_priority(self, spare: Spare) -> bool:
         """Put every thread of the spare back at niceness 0 before it becomes a worker."""
@@ -220,12 +266,9 @@ class SparePool:
 
     async def _watch(self, spare: Spare) -> None:
         code = await spare.proc.wait()
-        if spare.taken:
-            self._spares.pop(spare.key.rank, None)
-            return  # the supervisor watches it as a worker now
         self._spares.pop(spare.key.rank, None)
-        if self._closing:
-            return
+        if spare.taken or self._closing:
+            return  # a worker now, the supervisor's to watch, or one its start gave up on
         if not spare.connected:
             self.failed_starts += 1
             if self.failed_starts >= MAX_FAILED_STARTS:

@@ -7,43 +7,36 @@ once the channel has read what it sent last (its last steps come before its exit
 Workers run in their own process group (a stop kills helpers they forked too) and get SIGKILL
 when the agent dies, so none outlives the agent. On a node with GPUs each worker gets a device
 of its own (``unicron.services.agent.gpus``), and a start that finds none free is refused as a
-failed launch of that rank, never given a shared one. A worker that exits non-zero without
-having reported an exception in-band (a plain script) gets one read from its torchelastic error
-file or its log (:mod:`unicron.services.agent.failures`), and a command that cannot be executed
-at all is reported as a launch failure: no retry helps.
+failed launch of that rank, never given a shared one. Where a start's process comes from, a warm
+spare or a fresh interpreter, is :mod:`unicron.services.agent.starts`; a start that waits for a
+spare still warming up goes on in the background, so the node's other commands do not queue
+behind it, and a stop of its generation (or the agent's shutdown) cancels it. A worker that
+exits non-zero without having reported an exception in-band (a plain script) gets one read from
+its torchelastic error file or its log (:mod:`unicron.services.agent.failures`), and a command
+that cannot be executed at all is reported as a launch failure: no retry helps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from unicron.services.agent.api import Drained, Report, Sink, SpareSource
-from unicron.services.agent.failures import (
-    cannot_execute,
-    exit_exception,
-    launch_failure,
-    no_free_gpu,
-)
+from unicron.services.agent.failures import exit_exception, no_free_gpu
 from unicron.services.agent.gpus import NoFreeGPUError, SlotPool
-from unicron.services.agent.launch import (
-    JobContext,
-    process_launch,
-    spare_can_run,
-    spawn_logged,
-    worker_launch,
-)
+from unicron.services.agent.launch import JobContext
 from unicron.services.agent.registry import EntrypointRegistry
+from unicron.services.agent.starts import Launched, Launcher, Start
 from unicron.services.agent.workers import CommandRejectedError as CommandRejectedError
 from unicron.services.agent.workers import Worker as Worker
 from unicron.services.agent.workers import WorkerKey as WorkerKey
 from unicron.services.agent.workers import kill_group
 from unicron.shared.contracts.messages import StartWorker, StopWorkers
 from unicron.shared.contracts.reports import WorkerException, WorkerExited, WorkerStarted
-from unicron.shared.contracts.workerchannel import ScriptLaunch, SpareLaunch
 from unicron.shared.logging import get_logger
-from unicron.shared.procs import die_with_parent
+from unicron.shared.tasks import cancel_and_wait
 
 log = get_logger(component="supervisor")
 # job ids become directory names: refuse anything that could climb out of the log directory.
@@ -71,10 +64,13 @@ class Supervisor:
         self.sink = sink
         # the agent learns the node's devices only once it runs: it fills the pool in then
         self.slots = SlotPool() if slots is None else slots
-        self.spares = spares  # warm spares that serve starts, when enabled
+        self.launcher = Launcher(
+            node_id, socket_path, registry, self.slots, sink, self.log_path, self.error_path, spares
+        )
         self.drained = drained
         self.closing = False
         self._workers: dict[WorkerKey, Worker] = {}
+        self._starting: dict[WorkerKey, asyncio.Task[None]] = {}  # waiting for a warming spare
         self._stopped_below: dict[str, int] = {}  # job → generations below this were stopped
 
     # --- queries -----------------------------------------------------------------------
@@ -120,7 +116,7 @@ class Supervisor:
         wlog = log.bind(**key._asdict())
         if self.closing:
             raise RuntimeError("agent is shutting down")  # not acked: the next boot gets it
-        if key in self._workers or self.find(key) is not None:
+        if key in self._workers or key in self._starting or self.find(key) is not None:
             wlog.info("duplicate start ignored")
             return False
         if cmd.generation < self._stopped_below.get(cmd.job_id, 0):
@@ -135,25 +131,57 @@ class Supervisor:
         if not self.wanted(cmd):
             return
         key = cmd.key
-        wlog = log.bind(**key._asdict())
         if ctx.spec.entrypoint is None and ctx.spec.trainer not in self.registry.names():
             raise CommandRejectedError(f"trainer {ctx.spec.trainer!r} is not registered")
         self.error_path(key).unlink(missing_ok=True)  # only this launch's exception may be read
         try:
-            spared = await self._from_spare(key, cmd, ctx)
-            worker = spared or await self._spawn(key, cmd, ctx)
+            start = self.launcher.prepare(cmd, ctx)
         except NoFreeGPUError:  # never a shared device: NCCL refuses two ranks on one GPU
             held = [w.current for w in self.live() if w.slot is not None]
             for report in no_free_gpu(self.node_id, cmd, self.slots.describe(), held):
                 self.sink.report(report)
-            wlog.error("worker cannot start: no free GPU", held=len(held))
+            log.error("worker cannot start: no free GPU", **key._asdict(), held=len(held))
             return
-        if worker is None:
+        if not start.waits:
+            await self._launch(start)
+            return
+        task = asyncio.create_task(self._launch_later(start), name=f"start-{key}")
+        self._starting[key] = task
+        task.add_done_callback(lambda _task: self._started_or_cancelled(start))
+
+    def _started_or_cancelled(self, start: Start) -> None:
+        self._starting.pop(start.cmd.key, None)
+        self.launcher.give_back(start)  # a start cancelled before its task ever ran
+
+    async def _launch(self, start: Start) -> None:
+        launched = await self.launcher.launch(start)
+        if launched is None:
             return  # it could not be executed; reported as such
-        self._workers[key] = worker
-        worker.waiter = asyncio.create_task(self._watch(worker), name=f"watch-{key}")
-        self.sink.report(self._started(worker))
-        wlog.info("worker started", pid=worker.proc.pid, slot=worker.slot, spare=worker.spare)
+        cmd, spec = start.cmd, start.ctx.spec
+        plain = spec.entrypoint is not None
+        worker = Worker(
+            cmd.key, launched.proc, cmd.generation, start.slot, spare=launched.warm, plain=plain,
+            last_step=spec.steps,
+        )  # fmt: skip
+        self._workers[cmd.key] = worker
+        worker.waiter = asyncio.create_task(self._watch(worker), name=f"watch-{cmd.key}")
+        self.sink.report(self._started(worker, launched))
+        log.info(
+            "worker started", **cmd.key._asdict(), pid=worker.proc.pid, slot=worker.slot,
+            warm=launched.warm, spare_wait_s=round(launched.spare_wait_s, 3),
+        )  # fmt: skip
+
+    async def _launch_later(self, start: Start) -> None:
+        """A start that waits for a warming spare, off the command's handler. It was acked, so
+        nothing retries it: a failure is reported as the rank's exit, for the job to recover."""
+        try:
+            await self._launch(start)
+        except Exception:
+            cmd = start.cmd
+            log.exception("worker could not be started", **cmd.key._asdict())
+            self.sink.report(
+                WorkerExited(node_id=self.node_id, **cmd.key._asdict(), pid=0, exit_code=1)
+            )
 
     async def stop_workers(self, cmd: StopWorkers, wait_s: float = 5.0) -> None:
         """SIGKILL the job's live workers below the generation and wait for them to be reaped."""
@@ -167,12 +195,19 @@ class Supervisor:
             and (cmd.below_generation is None or w.generation < cmd.below_generation)
         ]
         log.info("stopping workers", job_id=cmd.job_id, count=len(victims), reason=cmd.reason)
+        await self._cancel_starts(
+            lambda key: (
+                key.job_id == cmd.job_id
+                and (cmd.below_generation is None or key.generation < cmd.below_generation)
+            )
+        )
         await self._kill_and_wait(victims, wait_s)
 
     async def stop_all(self, wait_s: float = 5.0) -> int:
         """SIGKILL every live worker, as a stop does (their exits say the agent stopped them);
         returns how many. New starts are still taken."""
         victims = self.live()
+        await self._cancel_starts(lambda _key: True)
         await self._kill_and_wait(victims, wait_s)
         return len(victims)
 
@@ -184,6 +219,7 @@ class Supervisor:
     async def shutdown(self, wait_s: float = 5.0) -> None:
         """Refuse new workers, kill the live ones and wait until each exit is reported."""
         self.closing = True
+        await self._cancel_starts(lambda _key: True)
         await self._kill_and_wait(self.live(), wait_s)
 
     # --- processes ---------------------------------------------------------------------
@@ -194,55 +230,6 @@ class Supervisor:
     def error_path(self, key: WorkerKey) -> Path:
         """Its ``TORCHELASTIC_ERROR_FILE``, beside its log."""
         return self.log_path(key).with_suffix(".error.json")
-
-    async def _from_spare(self, key: WorkerKey, cmd: StartWorker, ctx: JobContext) -> Worker | None:
-        """The worker as a warm spare that took the launch, or None when no spare is ready or
-        a spare cannot run it (a command that is not a Python script or module). The spare is
-        sent the process a spawn would start, so it runs the job's own trainer or entrypoint."""
-        if self.spares is None:
-            return None
-
-        def launch_for(slot: int | None) -> SpareLaunch | None:
-            argv, env, cwd = process_launch(
-                cmd, ctx, node_id=self.node_id, socket=self.socket_path, registry=self.registry,
-                slot_env=self.slots.env(slot), error_file=self.error_path(key),
-            )  # fmt: skip
-            if not spare_can_run(argv):
-                return None
-            launch = worker_launch(cmd, ctx, self.node_id, self.socket_path)
-            cwd_text = None if cwd is None else str(cwd)
-            return SpareLaunch(launch=launch, script=ScriptLaunch(argv=argv, env=env, cwd=cwd_text))
-
-        served = await self.spares.serve(key, launch_for, self.log_path(key))
-        if served is None:
-            return None
-        proc, slot = served
-        plain = ctx.spec.entrypoint is not None
-        return Worker(
-            key, proc, cmd.generation, slot, spare=True, plain=plain, last_step=ctx.spec.steps
-        )
-
-    async def _spawn(self, key: WorkerKey, cmd: StartWorker, ctx: JobContext) -> Worker | None:
-        slot = self.slots.acquire()
-        argv, env, cwd = process_launch(
-            cmd, ctx, node_id=self.node_id, socket=self.socket_path, registry=self.registry,
-            slot_env=self.slots.env(slot), error_file=self.error_path(key),
-        )  # fmt: skip
-        try:
-            proc = await spawn_logged(argv, env, self.log_path(key), die_with_parent, cwd)
-        except OSError as exc:
-            self.slots.release(slot)
-            if not cannot_execute(exc):
-                raise
-            for report in launch_failure(self.node_id, cmd, argv, cwd, exc):
-                self.sink.report(report)
-            log.error("worker could not be started", job_id=cmd.job_id, rank=cmd.rank, error=exc)
-            return None
-        except BaseException:
-            self.slots.release(slot)
-            raise
-        plain = ctx.spec.entrypoint is not None
-        return Worker(key, proc, cmd.generation, slot, plain=plain, last_step=ctx.spec.steps)
 
     async def _watch(self, worker: Worker) -> None:
         """Report the exit the moment the process is reaped."""
@@ -272,6 +259,11 @@ class Supervisor:
             stopped_by_agent=worker.stopping,
         )
 
+    async def _cancel_starts(self, which: Callable[[WorkerKey], bool]) -> None:
+        """Cancel the starts still waiting for a spare: their slots and spares go back."""
+        doomed = [task for key, task in self._starting.items() if which(key)]
+        await cancel_and_wait(doomed, what="starts waiting for a spare")
+
     async def _kill_and_wait(self, victims: list[Worker], wait_s: float) -> None:
         for worker in victims:
             worker.stopping = True
@@ -291,5 +283,8 @@ class Supervisor:
         if not worker.reported:
             self.sink.report(report)
 
-    def _started(self, worker: Worker) -> WorkerStarted:
-        return WorkerStarted(node_id=self.node_id, **worker.key._asdict(), pid=worker.proc.pid)
+    def _started(self, worker: Worker, launched: Launched) -> WorkerStarted:
+        return WorkerStarted(
+            node_id=self.node_id, **worker.key._asdict(), pid=worker.proc.pid,
+            warm=launched.warm, spare_wait_s=launched.spare_wait_s,
+        )  # fmt: skip

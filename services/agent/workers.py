@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from unicron.shared.contracts.identity import WorkerKey as WorkerKey
 
@@ -46,6 +47,13 @@ class Worker:
         into."""
         rank = self.key.rank if self.rank is None else self.rank
         return self.key._replace(generation=self.generation, rank=rank)
+
+
+class SpareClaim(NamedTuple):
+    """A warm spare that one start holds, so that no other start can take it."""
+
+    spare: WorkerKey  # the spare's own key on the channel
+    ready: bool  # connected when claimed; else still warming up, and the start waits for it
 
 
 def kill_group(pid: int) -> None:

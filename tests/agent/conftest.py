@@ -176,7 +176,7 @@ async def spare_pool(
     """``count`` warm spares of ``argv``, wired to the supervisor and channel as the agent
     wires them."""
     pool = SparePool(count, argv, channel.path, data_dir, supervisor.slots, channel)
-    supervisor.spares = pool
+    supervisor.launcher.spares = pool
     channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
     pool.start()
     try:

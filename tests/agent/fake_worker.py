@@ -20,7 +20,9 @@ then acts on ``spec.name``:
   on under the new generation and rank (the worker side of the regroup protocol, minimally).
 
 Started as a warm spare (``UNICRON_WORKER_SPARE=1``, as the agent's spare pool marks one) it
-connects to ``$UNICRON_AGENT_SOCKET`` at once and waits for one line
+connects to ``$UNICRON_AGENT_SOCKET`` at once (or, with ``$SPARE_GATE`` naming a FIFO, once the
+test opens that for writing: a spare still warming up for as long as the test wants), and waits
+for one line
 ``{"directive": "launch", "launch": ..., "script": ...}``, logs ``served by spare <script argv>``
 and goes on as if launched with it (it plays whichever trainer the script names).
 """
@@ -116,6 +118,10 @@ def step(sock: socket.socket, launch: dict[str, Any], behaviour: str) -> None:
 def wait_as_spare() -> tuple[socket.socket, dict[str, Any], list[str]]:
     """Connect at once, then read the launch line byte by byte (no buffer to lose); the
     socket, the launch and the argv of the process it names."""
+    gate = os.environ.get("SPARE_GATE")
+    if gate:
+        with open(gate, "rb") as fifo:  # blocks until a writer opens it; EOF once it closed
+            fifo.read()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(os.environ["UNICRON_AGENT_SOCKET"])
     raw = b""

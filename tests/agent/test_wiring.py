@@ -42,7 +42,7 @@ async def test_the_agent_builds_each_part_whole(
     bus: Bus, state: StateStore, tmp_path: Path
 ) -> None:
     node = Agent(AgentSettings(node_id="n1", data_dir=tmp_path, spares=1), bus, state)
-    assert node.supervisor.spares is node.spares and node.spares.channel is node.channel
+    assert node.supervisor.launcher.spares is node.spares and node.spares.channel is node.channel
     assert node.supervisor.slots is node.slots is node.spares.slots
     assert node.channel.identify(-1) is None  # asks the supervisor, then the spares
 
