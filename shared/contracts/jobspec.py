@@ -144,7 +144,11 @@ class JobSpec(BaseModel):
         default_factory=dict, max_length=256, description="extra environment of every worker"
     )
     max_restarts: StrictInt = Field(
-        3, ge=0, le=1000, description="restarts after failures of the job's own code"
+        3,
+        ge=0,
+        le=1000,
+        description="restarts after failures of the job's own: its code's, or ones that follow "
+        "it to other nodes",
     )
 
     @model_validator(mode="after")
