@@ -119,7 +119,7 @@ def judge(evidence: Evidence, settings: DetectorSettings) -> Verdict:
         if e.mass_silence:
             return Verdict(NodeVerdict.UNDECIDED, "most nodes silent at once: not theirs")
         return Verdict(NodeVerdict.LOST, "its agent did not answer")
-    return Verdict(NodeVerdict.UNDECIDED, "its agent could not be asked")
+    return Verdict(NodeVerdict.UNDECIDED, "no fresh answer from its agent yet")
 
 
 def mass_silence(silent: int, in_service: int, settings: DetectorSettings) -> bool:
