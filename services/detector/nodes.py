@@ -76,6 +76,7 @@ class NodeMonitor:
         """Ask after every newly suspect node and judge those past their deadline; returns the
         ids of the nodes found lost. Reads only the nodes the heartbeat index says are silent."""
         at, timeout = now(), self.hearing.timeout_s
+        self.suspicion.observe(at)
         suspects = []
         for node_id, beat in await self.hearing.silent(self.state, at, self.suspect_after_s):
             if self._judged.get(node_id) == beat:

@@ -172,14 +172,20 @@ class Suspicion:
         if late_s >= self.settings.ping_timeout_s:
             self._late_at, self._late_s = now(), late_s
 
-    def doubt(self, at: float) -> str | None:
-        """Why the detector cannot trust its own hearing at ``at``; None when it can."""
-        grace = self.settings.node_timeout_s
+    def observe(self, at: float) -> None:
+        """Note whether the detector's bus is up, at every check: a reconnect between two
+        verdicts must still be known at the next one."""
         if not self.bus.connected:
             self._connected_since = None
-            return "the detector's bus is down"
-        if self._connected_since is None:
+        elif self._connected_since is None:
             self._connected_since = at
+
+    def doubt(self, at: float) -> str | None:
+        """Why the detector cannot trust its own hearing at ``at``; None when it can."""
+        self.observe(at)
+        grace = self.settings.node_timeout_s
+        if self._connected_since is None:
+            return "the detector's bus is down"
         if at - self._connected_since < grace:
             return "the detector's bus reconnected moments ago"
         if at - self._late_at < grace:

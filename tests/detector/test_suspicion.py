@@ -190,3 +190,21 @@ async def test_a_node_silent_in_redis_but_heard_on_the_bus_keeps_its_jobs(
     assert await _states(state, ["node-0"]) == [NodeState.READY]
     job = await state.get_job("job-a")
     assert job is not None and not job.needs_recovery()
+
+
+class _Link:
+    """A bus that is only its connection state (Suspicion reads nothing else of it here)."""
+
+    connected = True
+
+
+def test_a_detector_whose_bus_was_down_doubts_itself_until_agents_could_resubscribe() -> None:
+    link = _Link()
+    suspicion = Suspicion(link, SETTINGS)  # type: ignore[arg-type]
+    assert suspicion.doubt(100.0) is None  # up since it started
+    link.connected = False
+    suspicion.observe(101.0)  # a check while it reconnects
+    link.connected = True
+    suspicion.observe(102.0)  # and the next, once back
+    assert suspicion.doubt(103.0) == "the detector's bus reconnected moments ago"
+    assert suspicion.doubt(102.0 + SETTINGS.node_timeout_s + 0.1) is None
