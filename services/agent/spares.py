@@ -169,7 +169,9 @@ class SparePool:
                 return None
             spare = candidates[0]
             spare.taken = True
-            self._not_before = time.monotonic() + self.delay_s
+            if self.channel.connected(spare.key):
+                self._not_before = time.monotonic() + self.delay_s
+            # else: start the next one now, niced; the node has no spare ready for the next fault
             self._wake.set()  # start the next spare soon
             if self._full_priority(spare):
                 return SpareClaim(spare.key, self.channel.connected(spare.key))

@@ -172,10 +172,11 @@ async def spare_pool(
     channel: WorkerChannel,
     data_dir: Path,
     count: int = 1,
+    delay_s: float = 0.0,
 ) -> AsyncIterator[SparePool]:
     """``count`` warm spares of ``argv``, wired to the supervisor and channel as the agent
     wires them."""
-    pool = SparePool(count, argv, channel.path, data_dir, supervisor.slots, channel)
+    pool = SparePool(count, argv, channel.path, data_dir, supervisor.slots, channel, delay_s)
     supervisor.launcher.spares = pool
     channel.identify = lambda pid: supervisor.identify(pid) or pool.identify(pid)
     pool.start()
