@@ -103,12 +103,12 @@ class NodeMonitor:
         return at + (left if left > 0 else self.settings.heartbeat_interval_s)
 
     async def _judge_all(self, due: list[NodeRecord], at: float) -> list[str]:
-        jobs = await self.state.list_jobs()
+        # More than two due before the nodes are counted: the count reads every node record.
         mass = len(due) > 2 and mass_silence(len(due), await self._in_service(), self.settings)
         lost = []
         for node in due:
             silent_s = self.hearing.silent_s(node, at)
-            evidence = await self.suspicion.evidence(node, silent_s, jobs, mass)
+            evidence = await self.suspicion.evidence(node, silent_s, self.state.get_job, mass)
             verdict = judge(evidence, self.settings)
             if verdict.verdict != NodeVerdict.LOST:
                 self._excuse(node, verdict, silent_s)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -42,6 +42,8 @@ from unicron.shared.bus.api import EventBus
 from unicron.shared.contracts.messages import ping_subject
 from unicron.shared.contracts.models import Job, NodeRecord, WorkerState, now
 from unicron.shared.contracts.reports import WorkerException
+
+JobReader = Callable[[str], Awaitable[Job | None]]
 
 
 class NodeVerdict(str, Enum):
@@ -237,7 +239,7 @@ class Suspicion:
     # --- the evidence ----------------------------------------------------------------------
 
     async def evidence(
-        self, node: NodeRecord, silent_s: float, jobs: list[Job], mass: bool
+        self, node: NodeRecord, silent_s: float, get_job: JobReader, mass: bool
     ) -> Evidence:
         at = now()
         answer, age = await self.answer(node, at)
@@ -249,18 +251,20 @@ class Suspicion:
             reported_s=None if reported is None else max(0.0, now() - reported),
             observer_doubt=self.doubt(now()),
             mass_silence=mass,
-            peers_cut=self._peers_cut(node.id, jobs, at),
+            peers_cut=await self._peers_cut(node.id, get_job, at),
         )
 
-    def _peers_cut(self, node_id: str, jobs: list[Job], at: float) -> bool:
-        """A rank on another node lost its connection, lately, in a job with a live rank here."""
+    async def _peers_cut(self, node_id: str, get_job: JobReader, at: float) -> bool:
+        """A rank on another node lost its connection, lately, in a job with a live rank here.
+        Only the jobs with such an error are read: usually none."""
         recent = at - self.settings.node_timeout_s
-        for job in jobs:
-            here = any(
+        for job_id, errors in list(self._peer_errors.items()):
+            if not any(n != node_id and t >= recent for n, t in errors.items()):
+                continue
+            job = await get_job(job_id)
+            if job is not None and any(
                 w.node_id == node_id and w.state in (WorkerState.LAUNCHING, WorkerState.RUNNING)
                 for w in job.workers
-            )
-            errors = self._peer_errors.get(job.id, {})
-            if here and any(n != node_id and t >= recent for n, t in errors.items()):
+            ):
                 return True
         return False
